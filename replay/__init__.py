@@ -1,0 +1,3 @@
+"""replay — how much would prefix caching save on *our* traffic?"""
+
+__version__ = "0.1.0"

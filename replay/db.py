@@ -1,0 +1,34 @@
+"""Opening the DuckDB file every stage shares, and small key/value helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+
+from . import schema
+
+DEFAULT_DB = "data/replay.duckdb"
+
+
+def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) the database and make sure every table exists.
+
+    ``path=None`` or ``":memory:"`` gives an in-memory database (tests, notebooks).
+    """
+    if path is None or str(path) == ":memory:":
+        con = duckdb.connect(":memory:")
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        con = duckdb.connect(str(path))
+    schema.create_all(con)
+    return con
+
+
+def get_meta(con, key: str, default: str | None = None) -> str | None:
+    row = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+    return default if row is None else row[0]
+
+
+def set_meta(con, key: str, value: str) -> None:
+    con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
