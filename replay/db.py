@@ -32,3 +32,11 @@ def get_meta(con, key: str, default: str | None = None) -> str | None:
 
 def set_meta(con, key: str, value: str) -> None:
     con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
+
+
+def arrow(con, sql: str, params=None):
+    """Run a query and return a pyarrow Table."""
+    rel = con.sql(sql, params=params) if params else con.sql(sql)
+    if hasattr(rel, "to_arrow_table"):
+        return rel.to_arrow_table()
+    return rel.arrow()  # duckdb < 1.4

@@ -1,0 +1,210 @@
+"""Replay stage: every prompt through its stream's trie, steps stored in `walks`.
+
+One pass over the requests in time order (ties in input order) walks each
+prompt through one trie per stream mode. The result per (variant, mode,
+request) is the step function "matched depth as a function of idle gap" from
+which `L_τ` follows for every TTL (see ``trie.py``) — everything later (sweep,
+profiles, diagnosis) is derived from that small table without replaying again.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from . import db
+from .trie import Trie
+
+MODES = ("tenant", "key", "session", "global")
+VARIANTS = ("prompt", "prompt+output")
+MOONCAKE_BLOCK = 512
+
+
+def stream_key(mode: str, tenant: str, key: str | None, session: str | None) -> str:
+    """The stream a request belongs to under ``mode`` (semantics.md, "Streams")."""
+    if mode == "tenant":
+        return f"tenant:{tenant}"
+    if mode == "key":
+        return f"key:{key}" if key is not None else f"tenant:{tenant}"
+    if mode == "session":
+        return f"session:{session}" if session is not None else f"tenant:{tenant}"
+    if mode == "global":
+        return "global"
+    raise ValueError(f"unknown stream mode {mode!r}; choose from {', '.join(MODES)}")
+
+
+@dataclass
+class Prompt:
+    """One request as the replay sees it."""
+    request_id: int
+    ts: float
+    tenant: str
+    key: str | None
+    session: str | None
+    symbols: np.ndarray            # token ids, or negative block ids for block traces
+    cum: np.ndarray | None         # symbol depth -> token depth (block traces only)
+    output: np.ndarray | None      # generated symbols, when the log has them
+    n_tokens: int
+
+
+def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block ids as negative symbols, with cumulative token depths (last block partial)."""
+    ids = np.asarray(block_ids, dtype=np.int64)
+    sizes = np.full(len(ids), MOONCAKE_BLOCK, dtype=np.int64)
+    if len(ids):
+        sizes[-1] = input_length - MOONCAKE_BLOCK * (len(ids) - 1)
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    return -(ids + 1), cum
+
+
+class SegmentStore:
+    """seg_id -> token array, loaded once from the `segments` table."""
+
+    def __init__(self, con):
+        self._tokens: dict[int, np.ndarray] = {}
+        tbl = db.arrow(con, "SELECT seg_id, tokens FROM segments")
+        ids = tbl.column("seg_id").to_numpy()
+        toks = tbl.column("tokens").combine_chunks()
+        offsets = toks.offsets.to_numpy()
+        values = toks.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        for i, sid in enumerate(ids.tolist()):
+            self._tokens[sid] = values[offsets[i]:offsets[i + 1]]
+
+    def concat(self, seg_ids) -> np.ndarray:
+        if not seg_ids:
+            return np.empty(0, dtype=np.int32)
+        return np.concatenate([self._tokens[s] for s in seg_ids])
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+
+def iter_prompts(con, with_output: bool = False, chunk: int = 5_000) -> Iterator[Prompt]:
+    """All requests in processing order (time, then input order), as symbol arrays."""
+    segs = SegmentStore(con)
+    missing = con.execute("""
+        SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
+        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchone()[0]
+    if missing:
+        raise RuntimeError(f"{missing} requests are not tokenized yet: run the tokenize stage first")
+    out_col = "p.output_seg_ids" if with_output else "NULL"
+    cur = con.execute(f"""
+        SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
+               p.seg_ids, {out_col}, r.block_ids, r.input_length, r.output_length
+        FROM requests r LEFT JOIN prompts p USING (request_id)
+        ORDER BY r.ts, r.request_id""")
+    while True:
+        rows = cur.fetchmany(chunk)
+        if not rows:
+            break
+        for rid, ts, tenant, key, session, fmt, seg_ids, out_ids, block_ids, in_len, out_len in rows:
+            output = None
+            if fmt == "mooncake":
+                symbols, cum = mooncake_symbols(block_ids or [], int(in_len or 0))
+                n = int(cum[-1])
+            else:
+                symbols, cum = segs.concat(seg_ids), None
+                n = len(symbols)
+                if out_ids:
+                    output = segs.concat(out_ids)
+            yield Prompt(rid, ts, tenant, key, session, symbols, cum, output, n)
+
+
+@dataclass
+class ReplaySummary:
+    requests: int
+    modes: tuple[str, ...]
+    variants: tuple[str, ...]
+    prompt_tokens: int
+    seconds: float
+    trie_nodes: dict[str, int]
+
+
+def replay_prompts(prompts, modes=MODES, variants=("prompt",), horizon: float = math.inf,
+                   progress=None) -> dict[tuple[str, str], list]:
+    """Pure core: walk prompts (already in processing order) and return, per
+    (variant, mode), the list of (request_id, stream, ts, n_tokens, gaps, depths)."""
+    tries: dict[tuple[str, str], dict[str, Trie]] = {(v, m): {} for v in variants for m in modes}
+    out: dict[tuple[str, str], list] = {vm: [] for vm in tries}
+    for p in prompts:
+        for v in variants:
+            insert = None
+            if v == "prompt+output" and p.output is not None and len(p.output):
+                insert = np.concatenate([p.symbols, p.output.astype(p.symbols.dtype, copy=False)])
+            for m in modes:
+                s = stream_key(m, p.tenant, p.key, p.session)
+                streams = tries[(v, m)]
+                trie = streams.get(s)
+                if trie is None:
+                    trie = streams[s] = Trie(horizon)
+                steps = trie.walk(p.symbols, p.ts, insert=insert, cum=p.cum)
+                out[(v, m)].append((p.request_id, s, p.ts, p.n_tokens,
+                                    [g for g, _ in steps], [d for _, d in steps]))
+        if progress is not None:
+            progress.update(1)
+    out["_nodes"] = {f"{v}/{m}": sum(t.nodes for t in st.values()) for (v, m), st in tries.items()}
+    return out
+
+
+def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.inf,
+                 progress: bool = False) -> ReplaySummary:
+    """Recompute `walks` for the given modes/variants from `requests` + `prompts`."""
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    bar = tqdm(total=n, desc="replay", unit="req", disable=not progress, leave=False)
+    with_output = "prompt+output" in variants
+    result = replay_prompts(iter_prompts(con, with_output=with_output), modes, variants, horizon, bar)
+    bar.close()
+    nodes = result.pop("_nodes")
+    store_walks(con, result)
+    db.set_meta(con, "replay_horizon", "inf" if horizon == math.inf else repr(horizon))
+    db.set_meta(con, "replay_fingerprint", fingerprint(con))
+    prompt_tokens = con.execute(
+        "SELECT coalesce(sum(prompt_tokens),0) FROM walks WHERE mode = ? AND variant = ?",
+        [modes[0], variants[0]]).fetchone()[0]
+    return ReplaySummary(n, tuple(modes), tuple(variants), int(prompt_tokens),
+                         time.perf_counter() - t0, nodes)
+
+
+def store_walks(con, result: dict) -> None:
+    """Replace the `walks` rows of each (variant, mode) in ``result``."""
+    for (v, m), rows in result.items():
+        con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
+        if not rows:
+            continue
+        rid, stream, ts, ntok, gaps, depths = zip(*rows)
+        tbl = pa.table({
+            "variant": pa.array([v] * len(rows)), "mode": pa.array([m] * len(rows)),
+            "request_id": pa.array(rid, pa.int64()), "stream": pa.array(stream),
+            "ts": pa.array(ts, pa.float64()), "prompt_tokens": pa.array(ntok, pa.int64()),
+            "gaps": pa.array(gaps, pa.list_(pa.float64())),
+            "depths": pa.array(depths, pa.list_(pa.int64())),
+        })
+        con.register("_walks_new", tbl)
+        con.execute("INSERT INTO walks SELECT * FROM _walks_new")
+        con.unregister("_walks_new")
+
+
+def fingerprint(con) -> str:
+    """Changes whenever the requests or their tokenization change."""
+    r = con.execute("SELECT count(*), coalesce(max(request_id), -1) FROM requests").fetchone()
+    p = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0) FROM prompts").fetchone()
+    return f"{r[0]}:{r[1]}:{p[0]}:{p[1]}:{db.get_meta(con, 'tokenizer', '')}"
+
+
+def walks_current(con, modes, variants, horizon: float) -> bool:
+    """True when `walks` already holds these modes/variants for the current data."""
+    if db.get_meta(con, "replay_fingerprint") != fingerprint(con):
+        return False
+    h = db.get_meta(con, "replay_horizon", "inf")
+    if (math.inf if h == "inf" else float(h)) < horizon:
+        return False
+    have = set(con.execute("SELECT DISTINCT variant, mode FROM walks").fetchall())
+    return all((v, m) in have for v in variants for m in modes)

@@ -1,0 +1,182 @@
+"""The radix trie with last-used timestamps (semantics.md, "the trie walk").
+
+One ``Trie`` is one stream's cache. ``walk(seq, t)`` returns the *steps* of the
+request: ``[(gap, depth), ...]`` with gap strictly increasing and depth strictly
+increasing, such that for every TTL ``τ``
+
+    L_τ = max(depth for gap, depth in steps if gap <= τ)   (0 if none)
+
+Why this works: a node's last-used time is the latest time any earlier request
+passed through it, last-used never grows going deeper, so the gap ``t - last_used``
+is non-decreasing along the path and one walk answers every TTL at once.
+
+Layout (after SGLang's ``radix_cache.py``): children keyed by their first
+symbol, edges holding runs of symbols as numpy views, a node split where a
+match ends inside an edge. Two things keep the work proportional to branch
+points rather than prompt length:
+
+* edges are compared vectorised (one numpy comparison per edge), and
+* after a walk every node on the path has last-used == t, so a path node with
+  a single child is merged with that child. The merged edge is a view into the
+  current request's own array (which holds the whole path), so nothing is copied.
+  A conversation that grows turn after turn therefore stays one long edge
+  instead of a chain of one node per turn.
+
+Symbols are int64. Text prompts use token ids; block traces (Mooncake) use block
+ids (made negative so they never meet token ids) and carry the token length of
+each block in ``cum`` (cumulative token counts), so depths are always tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["Trie", "hit_length"]
+
+
+class _Node:
+    __slots__ = ("edge", "children", "last_used")
+
+    def __init__(self, edge: np.ndarray, last_used: float):
+        self.edge = edge
+        self.children: dict[int, _Node] = {}
+        self.last_used = last_used
+
+
+def _match_len(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two arrays (vectorised)."""
+    k = min(len(a), len(b))
+    if k == 0:
+        return 0
+    diff = a[:k] != b[:k]
+    i = int(diff.argmax())
+    return k if not diff[i] else i
+
+
+class Trie:
+    """A per-stream radix trie whose nodes carry last-used timestamps.
+
+    ``horizon``: when finite, nodes idle for longer than ``horizon`` seconds are
+    pruned from time to time, so memory follows the TTL window. Gaps larger than
+    the horizon are then not reported; walks stay exact for every ``τ <= horizon``.
+    """
+
+    def __init__(self, horizon: float = math.inf):
+        self.root = _Node(np.empty(0, dtype=np.int64), -math.inf)
+        self.horizon = horizon
+        self._last_prune = -math.inf
+        self.nodes = 1
+
+    # ---- the walk -------------------------------------------------------
+    def walk(self, seq: np.ndarray, t: float, insert: np.ndarray | None = None,
+             cum: np.ndarray | None = None) -> list[tuple[float, int]]:
+        """Walk ``seq`` at time ``t``; return its steps and insert it.
+
+        ``insert`` (a sequence starting with ``seq``, e.g. prompt + output) is
+        what gets inserted instead of ``seq`` when the engine also keeps the
+        generated tokens. ``cum`` maps symbol depth to token depth.
+        """
+        if self.horizon != math.inf and t - self._last_prune > self.horizon / 2:
+            self.prune(t)
+        steps = self._descend(seq, t, record=True)
+        if insert is not None and len(insert) > len(seq):
+            self._descend(insert, t, record=False)
+        if cum is not None:
+            steps = [(g, int(cum[d])) for g, d in steps]
+        return steps
+
+    def _descend(self, seq: np.ndarray, t: float, record: bool) -> list[tuple[float, int]]:
+        steps: list[tuple[float, int]] = []
+        path: list[tuple[_Node, int, int]] = []  # (node, start depth, end depth) below root
+        node, pos, n = self.root, 0, len(seq)
+        while pos < n:
+            child = node.children.get(int(seq[pos]))
+            if child is None:
+                break
+            edge = child.edge
+            matched = _match_len(edge, seq[pos:])
+            if record:
+                gap = t - child.last_used
+                if gap > self.horizon:
+                    # idle past the horizon: as good as pruned (exact for τ <= horizon)
+                    break
+                if steps and steps[-1][0] == gap:
+                    steps[-1] = (gap, pos + matched)
+                else:
+                    steps.append((gap, pos + matched))
+            if matched < len(edge):
+                # the match ends inside the edge: split it
+                mid = _Node(edge[:matched], child.last_used)
+                child.edge = edge[matched:]
+                mid.children[int(child.edge[0])] = child
+                node.children[int(seq[pos])] = mid
+                self.nodes += 1
+                path.append((mid, pos, pos + matched))
+                pos += matched
+                node = mid
+                break
+            path.append((child, pos, pos + len(edge)))
+            node, pos = child, pos + len(edge)
+        if pos < n:
+            stale = node.children.get(int(seq[pos]))
+            if stale is not None:  # idle past the horizon, not yet pruned
+                self.nodes -= _count(stale)
+            leaf = _Node(seq[pos:], t)
+            node.children[int(seq[pos])] = leaf
+            self.nodes += 1
+            path.append((leaf, pos, n))
+        self._refresh_and_merge(path, seq, t)
+        return steps
+
+    def _refresh_and_merge(self, path, seq: np.ndarray, t: float) -> None:
+        """Set last-used = t along the path, merging single-child chains."""
+        i = 0
+        while i < len(path):
+            head, start, end = path[i]
+            head.last_used = t
+            j = i
+            # absorb following path nodes while head has exactly that one child
+            while j + 1 < len(path) and len(head.children) == 1:
+                nxt, _, nxt_end = path[j + 1]
+                head.children = nxt.children
+                end = nxt_end
+                self.nodes -= 1
+                j += 1
+            if j > i:
+                head.edge = seq[start:end]
+            i = j + 1
+
+    # ---- memory ---------------------------------------------------------
+    def prune(self, now: float) -> None:
+        """Drop subtrees idle for longer than the horizon (last-used shrinks with depth)."""
+        self._last_prune = now
+        cutoff = now - self.horizon
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            dead = [k for k, c in node.children.items() if c.last_used < cutoff]
+            for k in dead:
+                self.nodes -= _count(node.children.pop(k))
+            stack.extend(node.children.values())
+
+
+def _count(node: _Node) -> int:
+    n, stack = 0, [node]
+    while stack:
+        x = stack.pop()
+        n += 1
+        stack.extend(x.children.values())
+    return n
+
+
+def hit_length(steps_gaps, steps_depths, ttl: float) -> int:
+    """L_τ from a request's steps (see module docstring)."""
+    best = 0
+    for g, d in zip(steps_gaps, steps_depths):
+        if g <= ttl:
+            best = d
+        else:
+            break
+    return best

@@ -1,0 +1,28 @@
+"""Random request logs for oracle tests: small alphabets so prefixes collide often."""
+
+from __future__ import annotations
+
+import random
+
+from replay.oracle import OracleRequest
+
+
+def random_requests(seed: int, n: int, alphabet: int = 5, max_len: int = 40,
+                    tenants="ab", keys=(None, "k1", "k2"), sessions=(None, "s1", "s2", "s3"),
+                    gaps=(0, 0, 1, 2, 5, 10, 30), shuffle_times: bool = True) -> list[OracleRequest]:
+    rng = random.Random(seed)
+    bases = [[rng.randrange(alphabet) for _ in range(rng.randrange(0, max_len))] for _ in range(4)]
+    reqs: list[OracleRequest] = []
+    t = 0.0
+    for _ in range(n):
+        t += rng.choice(gaps)
+        base = list(rng.choice(reqs).tokens) if reqs and rng.random() < 0.4 else list(rng.choice(bases))
+        cut = rng.randrange(len(base) + 1)
+        tokens = base[:cut] + [rng.randrange(alphabet) for _ in range(rng.randrange(0, 8))]
+        reqs.append(OracleRequest(
+            ts=t, tokens=tokens, tenant=rng.choice(tenants), key=rng.choice(keys),
+            session=rng.choice(sessions),
+            output=[rng.randrange(alphabet) for _ in range(rng.randrange(0, 4))]))
+    if shuffle_times:  # input order is not time order: the replay must sort (stably)
+        rng.shuffle(reqs)
+    return reqs

@@ -1,0 +1,94 @@
+"""The trie walk against the brute-force definition (semantics.md)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from replay import oracle
+from replay.replay import MODES, Prompt, mooncake_symbols, replay_prompts
+from replay.trie import Trie, hit_length
+
+from gen import random_requests
+
+TTLS = (0, 1, 2, 5, 10, 30, math.inf)
+
+
+def _prompts(reqs):
+    return [Prompt(i, reqs[i].ts, reqs[i].tenant, reqs[i].key, reqs[i].session,
+                   np.array(reqs[i].tokens, dtype=np.int32), None,
+                   np.array(reqs[i].output, dtype=np.int32), len(reqs[i].tokens))
+            for i in oracle.time_order(reqs)]
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_walks_equal_oracle_every_mode_ttl_and_variant(seed):
+    reqs = random_requests(seed, n=1 + seed % 37)
+    res = replay_prompts(_prompts(reqs), MODES, ("prompt", "prompt+output"))
+    for variant in ("prompt", "prompt+output"):
+        for mode in MODES:
+            rows = {r[0]: r for r in res[(variant, mode)]}
+            for ttl in TTLS:
+                want = oracle.ceiling(reqs, mode, ttl, with_output=variant != "prompt")
+                got = [hit_length(rows[i][4], rows[i][5], ttl) for i in range(len(reqs))]
+                assert got == want, (variant, mode, ttl)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pruned_trie_is_exact_within_its_horizon(seed):
+    reqs = random_requests(seed, n=40, gaps=(0, 1, 3, 7, 20))
+    horizon = 10.0
+    res = replay_prompts(_prompts(reqs), ("tenant", "global"), ("prompt",), horizon=horizon)
+    for mode in ("tenant", "global"):
+        rows = {r[0]: r for r in res[("prompt", mode)]}
+        for ttl in (0, 1, 3, 7, 10):
+            want = oracle.ceiling(reqs, mode, ttl)
+            assert [hit_length(rows[i][4], rows[i][5], ttl) for i in range(len(reqs))] == want
+
+
+def test_pruning_bounds_memory_to_the_window():
+    rng = np.random.default_rng(0)
+    t = Trie(horizon=10)
+    for i in range(2000):
+        t.walk(rng.integers(0, 50_000, 64).astype(np.int32), float(i))
+    # only prompts from the last ~15 s can still be held (prune runs every horizon/2)
+    assert t.nodes <= 1 + 16
+
+
+def test_ttl_boundary_is_inclusive():
+    t = Trie()
+    t.walk(np.array([1, 2, 3]), 0.0)
+    steps = t.walk(np.array([1, 2, 3, 4]), 300.0)
+    assert hit_length(*zip(*steps), 300.0) == 3
+    assert hit_length(*zip(*steps), 299.999) == 0
+
+
+def test_same_timestamp_hits_in_input_order():
+    t = Trie()
+    assert t.walk(np.array([7, 8]), 5.0) == []
+    assert t.walk(np.array([7, 8, 9]), 5.0) == [(0.0, 2)]
+
+
+def test_empty_prompt_and_prompt_equal_to_an_earlier_one():
+    t = Trie()
+    assert t.walk(np.array([], dtype=np.int32), 0.0) == []
+    t.walk(np.array([1, 2, 3]), 1.0)
+    assert t.walk(np.array([1, 2, 3]), 2.0) == [(1.0, 3)]
+    assert t.walk(np.array([], dtype=np.int32), 3.0) == []
+
+
+def test_steps_refresh_and_split():
+    t = Trie()
+    t.walk(np.array([1, 2, 3, 4, 5]), 0.0)
+    t.walk(np.array([1, 2, 9]), 10.0)   # refreshes [1, 2] at 10
+    steps = t.walk(np.array([1, 2, 3, 4, 5, 6]), 15.0)
+    assert steps == [(5.0, 2), (15.0, 5)]
+
+
+def test_block_trace_depths_are_tokens_with_a_partial_last_block():
+    a_sym, a_cum = mooncake_symbols([0, 1, 2], 512 * 2 + 100)
+    b_sym, b_cum = mooncake_symbols([0, 1, 5, 3], 512 * 3 + 7)
+    t = Trie()
+    t.walk(a_sym, 0.0, cum=a_cum)
+    assert t.walk(a_sym, 1.0, cum=a_cum) == [(1.0, 1124)]  # whole prompt, partial block too
+    assert t.walk(b_sym, 2.0, cum=b_cum) == [(1.0, 1024)]  # ids stand for whole blocks
