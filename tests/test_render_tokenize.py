@@ -1,0 +1,515 @@
+"""Render (neutral template) + tokenize stage: exactness of content-addressed segments."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from replay import db
+from replay.render import (
+    DEFAULT_IMAGE_TOKENS,
+    MARKERS,
+    cache_breakpoints,
+    compact_json,
+    image_tokens_from_base64,
+    render_output,
+    render_request,
+    render_text,
+)
+from replay.tokenize import (
+    Tok,
+    _deepseek_tokenizer_json,
+    image_seg_id,
+    load_prompt_tokens,
+    load_tokenizer,
+    marker_seg_id,
+    text_seg_id,
+    tokenize_stage,
+    tokens_seg_id,
+)
+
+
+# --------------------------------------------------------------------------- helpers
+
+@pytest.fixture(scope="module")
+def tok() -> Tok:
+    return load_tokenizer()
+
+
+def png_b64(w: int, h: int) -> str:
+    """A real, decodable 8-bit grayscale PNG of w×h."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    raw = b"".join(b"\x00" + bytes((x * 7 + y) % 256 for x in range(w)) for y in range(h))
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+           + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return base64.b64encode(png).decode()
+
+
+def segmentwise(tok: Tok, pieces) -> list[int]:
+    out: list[int] = []
+    for kind, payload, _ in pieces:
+        if kind == "marker":
+            out.append(tok.marker_id(payload))
+        elif kind == "text":
+            out.extend(tok.encode(payload))
+        else:
+            out.extend(tok.image_tokens(*payload).tolist())
+    return out
+
+
+def whole(tok: Tok, pieces) -> list[int]:
+    return tok.tokenizer.encode(render_text(pieces, tok), add_special_tokens=False).ids
+
+
+def add_requests(con, rows: list[dict]) -> None:
+    start = con.execute("SELECT coalesce(max(request_id), -1) + 1 FROM requests").fetchone()[0]
+    for i, r in enumerate(rows):
+        con.execute(
+            "INSERT INTO requests (request_id, source_id, line_no, format, ts, tenant, body, output,"
+            " tokens, output_tokens, block_ids) VALUES (?, 0, ?, ?, ?, 'default', ?, ?, ?, ?, ?)",
+            [start + i, i + 1, r.get("format", "anthropic"), float(i),
+             None if r.get("body") is None else compact_json(r["body"]),
+             None if r.get("output") is None else compact_json(r["output"]),
+             r.get("tokens"), r.get("output_tokens"), r.get("block_ids")])
+
+
+CODE = '''def f(x):\n    """doc"""\n\tif x  >= 10:  # tabs & spaces\n        return {"a": [1, 2]}\n\n\n'''
+
+TOOLS_ANTHROPIC = [
+    {"name": "bash", "description": "Run a shell command.\n",
+     "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                      "required": ["command"]}},
+    {"name": "str_replace_editor", "input_schema": {"type": "object", "properties": {}},
+     "description": "Edit files — ünïcödé", "cache_control": {"type": "ephemeral"}},
+]
+
+ANTHROPIC_BODIES = [
+    {"model": "claude", "system": "You are a helpful assistant.", "messages": [
+        {"role": "user", "content": "Hello!"}]},
+    {"tools": TOOLS_ANTHROPIC,
+     "system": [{"type": "text", "text": "  leading and trailing spaces  "},
+                {"type": "text", "text": "\n\nsecond block\n", "cache_control": {"type": "ephemeral"}}],
+     "messages": [
+         {"role": "user", "content": [{"type": "text", "text": "fix this:\n" + CODE},
+                                      {"type": "text", "text": "   "}]},
+         {"role": "assistant", "content": [
+             {"type": "thinking", "thinking": "Let me think…  ", "signature": "sig=="},
+             {"type": "redacted_thinking", "data": "EuYBCkQYAiJA"},
+             {"type": "text", "text": "I'll run it. "},
+             {"type": "tool_use", "id": "toolu_1", "name": "bash",
+              "input": {"command": "ls -la /tmp", "b": 1, "a": [None, True]}}]},
+         {"role": "user", "content": [
+             {"type": "tool_result", "tool_use_id": "toolu_1",
+              "content": "total 0\r\ndrwx  2 root\n\n", "cache_control": {"type": "ephemeral"}}]},
+         {"role": "assistant", "content": [{"type": "tool_use", "id": "t2", "name": "bash",
+                                            "input": {}}]},
+         {"role": "user", "content": [
+             {"type": "tool_result", "tool_use_id": "t2", "is_error": True,
+              "content": [{"type": "text", "text": "err: 日本語テキスト 中文 😀🚀 "},
+                          {"type": "text", "text": "\t\ttrailing tabs\t"}]},
+             {"type": "text", "text": "literal marker text <think> and <｜User｜> inside"}]},
+     ]},
+    {"system": [], "messages": [
+        {"role": "user", "content": ""},
+        {"role": "assistant", "content": [{"type": "text", "text": "12345678901234 numbers 3.14159"}]},
+        {"role": "user", "content": "Ελληνικά — русский — العربية — हिन्दी\u200b\u00a0nbsp"}]},
+]
+
+OPENAI_BODIES = [
+    {"model": "gpt", "messages": [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "What's 2+2?  "}]},
+    {"tools": [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {
+            "location": {"type": "string"}}}, "description": "Weather"}}],
+     "messages": [
+         {"role": "developer", "content": [{"type": "text", "text": "dev instructions\n"}]},
+         {"role": "user", "content": [{"type": "text", "text": "weather in Paris?"},
+                                      {"type": "text", "text": " and in 東京"}]},
+         {"role": "assistant", "content": None, "reasoning_content": "need tool",
+          "tool_calls": [{"id": "call_1", "type": "function", "function": {
+              "name": "get_weather", "arguments": "{\"location\": \"Paris\"}"}},
+              {"id": "call_2", "type": "function", "function": {
+                  "name": "get_weather", "arguments": "{\"location\":\"東京\"}"}}]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "18°C, sunny\n"},
+         {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "rain"}]},
+         {"role": "assistant", "content": "Paris: 18°C.\n\n```python\n" + CODE + "```"},
+         {"role": "system", "content": "mid-conversation system note"},
+         {"role": "user", "content": "thanks"}]},
+]
+
+
+# --------------------------------------------------------------------------- markers
+
+def test_markers_are_added_special_tokens_of_shipped_tokenizer(tok):
+    data = json.loads(_deepseek_tokenizer_json().read_text(encoding="utf-8"))
+    added = {t["content"]: t["id"] for t in data["added_tokens"]}
+    for name, s in MARKERS.items():
+        assert s in added, name
+        assert tok.marker_id(name) == added[s]
+        assert tok.encode(s) == [added[s]]
+    assert tok.name == "deepseek-v4"
+    assert tok.chat_template is None
+    assert tok.encode("hello") == tok.tokenizer.encode("hello", add_special_tokens=False).ids
+
+
+# --------------------------------------------------------------------------- exactness
+
+@pytest.mark.parametrize("body", ANTHROPIC_BODIES, ids=lambda b: f"anthropic{len(json.dumps(b))}")
+def test_segmentwise_equals_whole_anthropic(tok, body):
+    pieces = render_request(body, "anthropic")
+    assert segmentwise(tok, pieces) == whole(tok, pieces)
+
+
+@pytest.mark.parametrize("body", OPENAI_BODIES, ids=lambda b: f"openai{len(json.dumps(b))}")
+def test_segmentwise_equals_whole_openai(tok, body):
+    pieces = render_request(body, "openai")
+    assert segmentwise(tok, pieces) == whole(tok, pieces)
+
+
+def test_segmentwise_equals_whole_outputs(tok):
+    for out, fmt in [
+        ([{"type": "thinking", "thinking": "hm "}, {"type": "text", "text": " Done.\n"},
+          {"type": "tool_use", "id": "x", "name": "bash", "input": {"z": 1, "a": 2}}], "anthropic"),
+        ({"role": "assistant", "content": "hi  ", "reasoning_content": "r",
+          "tool_calls": [{"id": "c", "type": "function",
+                          "function": {"name": "f", "arguments": "{}"}}]}, "openai"),
+    ]:
+        prompt = render_request({"messages": [{"role": "user", "content": "q"}]}, fmt)
+        pieces = prompt + render_output(out, fmt)
+        assert pieces[-1][:2] == ("marker", "eos")
+        assert segmentwise(tok, pieces) == whole(tok, pieces)
+
+
+def test_segmentwise_equals_whole_with_a_local_tokenizer(tmp_path):
+    d = make_local_tokenizer(tmp_path / "tiny")
+    t = load_tokenizer(d)
+    for body in ANTHROPIC_BODIES + OPENAI_BODIES:
+        pieces = render_request(body, "anthropic")
+        assert segmentwise(t, pieces) == whole(t, pieces)
+
+
+def test_piece_structure_and_parts():
+    body = ANTHROPIC_BODIES[1]
+    pieces = render_request(body, "anthropic")
+    n = len(body["messages"])
+    assert pieces[0] == ("marker", "bos", 0)
+    assert pieces[-1] == ("marker", "assistant", 2 + n)
+    assert [p[2] for p in pieces] == sorted(p[2] for p in pieces)
+    assert {p[2] for p in pieces} == {0, 1} | {2 + k for k in range(n + 1)}
+    kinds = [p[0] for p in pieces]
+    # a marker sits between any two text pieces, and no text piece is empty
+    for a, b in zip(pieces, pieces[1:]):
+        assert not (a[0] == "text" and b[0] == "text")
+    assert all(p[1] for p in pieces if p[0] == "text")
+    assert kinds.count("marker") > kinds.count("text")
+    # cache_control is never rendered
+    assert not any("cache_control" in p[1] for p in pieces if p[0] == "text")
+    # render is deterministic
+    assert render_request(json.loads(json.dumps(body)), "anthropic") == pieces
+
+
+def test_openai_roles_render_in_place():
+    pieces = render_request(OPENAI_BODIES[1], "openai")
+    roles = [p[1] for p in pieces if p[0] == "marker" and p[1] in
+             ("user", "assistant", "system", "tool_result")]
+    # developer→system, user, assistant, tool→tool_result ×2, assistant, system, user, generation
+    assert roles == ["system", "user", "assistant", "tool_result", "tool_result", "assistant",
+                     "system", "user", "assistant"]
+    calls = [pieces[i + 1][1] for i, p in enumerate(pieces) if p[1] == "tool_call"]
+    assert calls == ['{"name":"get_weather","arguments":"{\\"location\\": \\"Paris\\"}"}',
+                     '{"name":"get_weather","arguments":"{\\"location\\":\\"東京\\"}"}']
+
+
+def test_cache_breakpoints_point_at_last_piece_of_marked_block():
+    body = ANTHROPIC_BODIES[1]
+    pieces = render_request(body, "anthropic")
+    bps = cache_breakpoints(body)
+    assert len(bps) == 3
+    assert pieces[bps[0]][1].startswith('{"name":"str_replace_editor"')   # tool def
+    assert pieces[bps[1]] == ("text", "\n\nsecond block\n", 1)            # system block
+    assert pieces[bps[2]] == ("text", "total 0\r\ndrwx  2 root\n\n", 4)   # tool result
+    assert cache_breakpoints({"messages": [{"role": "user", "content": "x"}]}) == []
+
+
+# --------------------------------------------------------------------------- key order
+
+def test_tool_definition_key_order_is_kept(tok):
+    raw = ('{"tools":[{"name":"zeta","input_schema":{"type":"object","required":["b","a"],'
+           '"properties":{"b":{"type":"string"},"a":{"type":"integer"}}},"description":"Zé"}],'
+           '"messages":[{"role":"user","content":"hi"}]}')
+    body = json.loads(raw)
+    pieces = render_request(body, "anthropic")
+    tool_text = pieces[2][1]
+    assert pieces[1] == ("marker", "tool_def", 0)
+    assert tool_text == raw[len('{"tools":['):raw.index('],"messages"')]
+    assert tool_text != json.dumps(body["tools"][0], separators=(",", ":"), sort_keys=True,
+                                   ensure_ascii=False)
+    swapped = json.loads(raw)
+    t = swapped["tools"][0]
+    swapped["tools"][0] = {"description": t["description"], "name": t["name"],
+                           "input_schema": t["input_schema"]}
+    p2 = render_request(swapped, "anthropic")
+    assert p2[2][1] != tool_text
+    assert segmentwise(tok, p2) != segmentwise(tok, pieces)
+    assert text_seg_id(p2[2][1]) != text_seg_id(tool_text)
+
+
+def test_tool_use_input_key_order_is_kept():
+    body = json.loads('{"messages":[{"role":"assistant","content":[{"type":"tool_use",'
+                      '"input":{"z":1,"a":{"y":2,"b":3}},"name":"t","id":"1"}]}]}')
+    pieces = render_request(body, "anthropic")
+    assert ("text", '{"input":{"z":1,"a":{"y":2,"b":3}},"name":"t"}', 2) in pieces
+
+
+# --------------------------------------------------------------------------- images
+
+def image_body(data: str, media: str = "image/png") -> dict:
+    return {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "look"},
+        {"type": "image", "source": {"type": "base64", "media_type": media, "data": data}}]}]}
+
+
+def test_image_token_estimate_from_real_png_header():
+    assert image_tokens_from_base64(png_b64(100, 30)) == 4          # ceil(3000/750)
+    assert image_tokens_from_base64(png_b64(61, 37)) == 4           # ceil(2257/750)
+    big = base64.b64encode(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
+                           + struct.pack(">II", 4000, 3000) + b"\x08\x02\x00\x00\x00").decode()
+    assert image_tokens_from_base64(big) == 1600                     # capped
+    gif = base64.b64encode(b"GIF89a" + struct.pack("<HH", 300, 250) + b"\x00" * 8).decode()
+    assert image_tokens_from_base64(gif) == 100
+    jpeg = (b"\xff\xd8" + b"\xff\xe0" + struct.pack(">H", 16) + b"JFIF\x00" + b"\x00" * 9
+            + b"\xff\xc0" + struct.pack(">HBHH", 17, 8, 150, 200) + b"\x03" + b"\x00" * 9)
+    assert image_tokens_from_base64(base64.b64encode(jpeg).decode()) == 40   # 200×150
+    webp = (b"RIFF" + struct.pack("<I", 30) + b"WEBP" + b"VP8X" + struct.pack("<I", 10)
+            + b"\x00" * 4 + (639).to_bytes(3, "little") + (479).to_bytes(3, "little"))
+    assert image_tokens_from_base64(base64.b64encode(webp).decode()) == 410  # 640×480
+    assert image_tokens_from_base64("bm90IGFuIGltYWdl") == DEFAULT_IMAGE_TOKENS
+    assert image_tokens_from_base64("%%%") == DEFAULT_IMAGE_TOKENS
+
+
+def test_image_placeholders_are_deterministic(tok):
+    a, b = png_b64(100, 30), png_b64(100, 31)
+    pa_ = render_request(image_body(a), "anthropic")
+    img = [p for p in pa_ if p[0] == "image"]
+    assert len(img) == 1
+    i = pa_.index(img[0])
+    assert pa_[i - 1][:2] == ("marker", "image")
+    sha, n = img[0][1]
+    assert sha == hashlib.sha256(a.encode()).hexdigest() and n == 4
+    run1 = tok.image_tokens(sha, n)
+    assert np.array_equal(run1, load_tokenizer().image_tokens(sha, n))  # same data → same run
+    assert run1.dtype == np.int32 and ((run1 >= 0) & (run1 < 128000)).all()
+    sha_b, n_b = [p for p in render_request(image_body(b), "anthropic") if p[0] == "image"][0][1]
+    assert sha_b != sha
+    assert not np.array_equal(tok.image_tokens(sha_b, n_b), run1)   # different data → different run
+    # openai data URL of the same bytes: same hash, same estimate
+    oa = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64," + a}}]}]}
+    assert [p for p in render_request(oa, "openai") if p[0] == "image"][0][1] == (sha, n)
+    url = {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}
+    assert [p for p in render_request(url, "openai") if p[0] == "image"][0][1][1] == DEFAULT_IMAGE_TOKENS
+    with pytest.raises(ValueError):
+        render_text(pa_)
+
+
+# --------------------------------------------------------------------------- seg ids
+
+def test_seg_id_definitions():
+    def h(b: bytes) -> int:
+        return int.from_bytes(hashlib.blake2b(b).digest()[:8], "big")
+    assert text_seg_id("héllo") == h(b"text\0" + "héllo".encode())
+    assert marker_seg_id("user") == h(b"marker\0user")
+    assert image_seg_id("ab" * 32, 7) == h(b"image\0" + b"ab" * 32 + b"\0" + b"7")
+    assert tokens_seg_id([1, 2, 3]) == h(b"tokens\0" + np.array([1, 2, 3], "<i4").tobytes())
+    assert 0 <= text_seg_id("x") < 2 ** 64
+
+
+# --------------------------------------------------------------------------- stage
+
+class CountingTok(Tok):
+    """Records every text handed to the encoder."""
+
+    def __init__(self, base: Tok):
+        self.__dict__.update(base.__dict__)
+        self.seen: list[str] = []
+
+    def encode_batch(self, texts):
+        texts = list(texts)
+        self.seen.extend(texts)
+        return super().encode_batch(texts)
+
+
+def agent_bodies(turns: int) -> list[dict]:
+    """A growing agent conversation: each request repeats the previous one plus a turn."""
+    msgs: list[dict] = [{"role": "user", "content": "Please fix the bug in foo.py"}]
+    out = []
+    for k in range(turns):
+        out.append({"tools": TOOLS_ANTHROPIC, "system": "You are an agent.",
+                    "messages": json.loads(json.dumps(msgs))})
+        msgs = msgs + [
+            {"role": "assistant", "content": [{"type": "tool_use", "id": f"t{k}", "name": "bash",
+                                               "input": {"command": f"cat file{k}.py"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{k}",
+                                          "content": CODE * (k + 1) + f"# file {k}\n"}]}]
+    return out
+
+
+def test_tokenize_stage_end_to_end(tok):
+    con = db.connect(None)
+    bodies = agent_bodies(6)
+    rows = [{"body": b} for b in bodies]
+    rows[2]["output"] = [{"type": "text", "text": "ok "}, {"type": "tool_use", "id": "t",
+                                                           "name": "bash", "input": {"c": 1}}]
+    rows.append({"format": "openai", "body": OPENAI_BODIES[1],
+                 "output": {"role": "assistant", "content": "bye"}})
+    rows.append({"format": "tokens", "tokens": [5, 6, 7, 8], "output_tokens": [9, 10]})
+    rows.append({"format": "tokens", "tokens": [5, 6, 7, 8]})
+    rows.append({"format": "mooncake", "block_ids": [1, 2, 3]})
+    add_requests(con, rows)
+    ctok = CountingTok(tok)
+    s = tokenize_stage(con, ctok, chunk_requests=3)
+
+    assert s.requests == 9 and s.new_prompts == 9 and s.skipped == 1 and s.failed == 0
+    # every unique text was encoded exactly once
+    assert len(ctok.seen) == len(set(ctok.seen))
+    all_texts = set()
+    for b in bodies + [OPENAI_BODIES[1]]:
+        all_texts |= {p[1] for p in render_request(b, "anthropic") if p[0] == "text"}
+    all_texts |= {p[1] for p in render_output(rows[2]["output"], "anthropic") if p[0] == "text"}
+    all_texts.add("bye")
+    assert set(ctok.seen) == all_texts
+    n_seg = con.execute("SELECT count(*) FROM segments").fetchone()[0]
+    assert s.unique_segments == n_seg
+    assert s.unique_tokens == con.execute("SELECT sum(n_tokens) FROM segments").fetchone()[0]
+    assert s.logical_tokens == con.execute("SELECT sum(n_tokens) FROM prompts").fetchone()[0]
+    assert s.logical_tokens > s.unique_tokens
+    # n_tokens == Σ segment n_tokens; seg_parts aligned with seg_ids
+    bad = con.execute("""
+        SELECT count(*) FROM (
+          SELECT p.request_id, any_value(p.n_tokens) AS n, sum(s.n_tokens) AS total
+          FROM prompts p, unnest(p.seg_ids) AS u(sid) JOIN segments s ON s.seg_id = u.sid
+          GROUP BY p.request_id) WHERE n <> total""").fetchone()[0]
+    assert bad == 0
+    assert con.execute("SELECT count(*) FROM prompts WHERE len(seg_ids) <> len(seg_parts)"
+                       ).fetchone()[0] == 0
+    assert db.get_meta(con, "tokenizer") == "deepseek-v4"
+
+    # full prompts equal whole-prompt tokenization
+    toks = load_prompt_tokens(con, range(9))
+    assert set(toks) == set(range(9))
+    for rid, b in enumerate(bodies):
+        pieces = render_request(b, "anthropic")
+        assert toks[rid].tolist() == whole(tok, pieces)
+        parts = con.execute("SELECT seg_parts FROM prompts WHERE request_id = ?", [rid]).fetchone()[0]
+        assert parts == [p[2] for p in pieces]
+    # prompts share prefixes: request k's tokens are a prefix of request k+1's up to the generation marker
+    for k in range(5):
+        a, b = toks[k], toks[k + 1]
+        assert np.array_equal(a[:-1], b[:len(a) - 1])
+
+    # output
+    out_n, out_ids = con.execute(
+        "SELECT output_n_tokens, output_seg_ids FROM prompts WHERE request_id = 2").fetchone()
+    out_pieces = render_output(rows[2]["output"], "anthropic")
+    assert out_n == len(segmentwise(tok, out_pieces)) and len(out_ids) == len(out_pieces)
+    with_out = load_prompt_tokens(con, [2], with_output=True)[2]
+    assert with_out.tolist() == toks[2].tolist() + segmentwise(tok, out_pieces)
+    assert con.execute("SELECT count(*) FROM prompts WHERE output_seg_ids IS NULL").fetchone()[0] == 6
+
+    # tokens format
+    r = con.execute("SELECT n_tokens, seg_parts, output_n_tokens, seg_ids FROM prompts "
+                    "WHERE request_id IN (7, 8) ORDER BY request_id").fetchall()
+    assert r[0][:3] == (4, [1], 2) and r[1][:3] == (4, [1], None)
+    assert r[0][3] == r[1][3] == [tokens_seg_id([5, 6, 7, 8])]
+    assert toks[7].tolist() == [5, 6, 7, 8]
+    assert load_prompt_tokens(con, [7], with_output=True)[7].tolist() == [5, 6, 7, 8, 9, 10]
+    # mooncake: no prompt row
+    assert 9 not in load_prompt_tokens(con, [9])
+
+    # idempotent
+    ctok.seen.clear()
+    s2 = tokenize_stage(con, ctok)
+    assert (s2.requests, s2.new_prompts, s2.unique_segments, s2.unique_tokens) == (0, 0, 0, 0)
+    assert ctok.seen == []
+    # new requests only tokenize new content
+    add_requests(con, [{"body": agent_bodies(7)[-1]}])
+    s3 = tokenize_stage(con, ctok)
+    assert s3.new_prompts == 1 and 0 < s3.unique_segments <= 4
+    assert len(ctok.seen) == len(set(ctok.seen)) <= 2
+
+
+def test_chunking_does_not_change_results(tok):
+    results = []
+    for chunk in (1, 4, 1000):
+        con = db.connect(None)
+        add_requests(con, [{"body": b} for b in agent_bodies(5)]
+                     + [{"format": "openai", "body": b} for b in OPENAI_BODIES])
+        tokenize_stage(con, tok, chunk_requests=chunk, batch_chars=50)
+        results.append((
+            con.execute("SELECT * FROM prompts ORDER BY request_id").fetchall(),
+            con.execute("SELECT * FROM segments ORDER BY seg_id").fetchall()))
+    assert results[0] == results[1] == results[2]
+
+
+def test_unrenderable_body_is_counted_not_fatal(tok, capsys):
+    con = db.connect(None)
+    add_requests(con, [{"body": {"messages": [{"role": "user", "content": "ok"}]}},
+                       {"format": "tokens"}])
+    s = tokenize_stage(con, tok)
+    assert s.new_prompts == 1 and s.failed == 1
+    assert "request 1" in capsys.readouterr().err
+
+
+def make_local_tokenizer(d):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+
+    d.mkdir(parents=True, exist_ok=True)
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    t.decoder = decoders.ByteLevel()
+    corpus = [json.dumps(b, ensure_ascii=False) for b in ANTHROPIC_BODIES + OPENAI_BODIES] * 3
+    t.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=["<s>", "</s>"], show_progress=False))
+    t.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}))
+    return d
+
+
+def test_switching_tokenizer_clears_old_rows(tmp_path, tok):
+    d = make_local_tokenizer(tmp_path / "tiny")
+    local = load_tokenizer(str(d))
+    assert local.name.startswith("tiny-") and len(local.name) == len("tiny-") + 8
+    assert local.chat_template.startswith("{% for m")
+    for name in MARKERS:
+        assert local.encode(MARKERS[name]) == [local.marker_id(name)]
+
+    con = db.connect(tmp_path / "x.duckdb")
+    add_requests(con, [{"body": b} for b in agent_bodies(3)])
+    s1 = tokenize_stage(con, tok)
+    assert s1.new_prompts == 3 and not s1.cleared
+    ds_tokens = load_prompt_tokens(con, [2])[2]
+
+    s2 = tokenize_stage(con, str(d))
+    assert s2.cleared and s2.new_prompts == 3
+    assert db.get_meta(con, "tokenizer") == local.name
+    local_tokens = load_prompt_tokens(con, [2])[2]
+    assert local_tokens.tolist() == whole(local, render_request(agent_bodies(3)[2], "anthropic"))
+    assert local_tokens.tolist() != ds_tokens.tolist()
+    assert con.execute("SELECT count(*) FROM segments WHERE n_tokens > 0 AND "
+                       "list_max(tokens) >= 400 AND n_tokens > 1").fetchone()[0] == 0
+    # same tokenizer again: nothing cleared, nothing added
+    s3 = tokenize_stage(con, local)
+    assert not s3.cleared and s3.new_prompts == 0
+    con.close()
