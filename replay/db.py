@@ -26,8 +26,8 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
 
 
 def get_meta(con, key: str, default: str | None = None) -> str | None:
-    row = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
-    return default if row is None else row[0]
+    rows = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()
+    return default if not rows else rows[0][0]
 
 
 def set_meta(con, key: str, value: str) -> None:

@@ -89,11 +89,11 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 5_000) -> Iterator
     segs = SegmentStore(con)
     missing = con.execute("""
         SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
-        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchone()[0]
+        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchall()[0][0]
     if missing:
         raise RuntimeError(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     out_col = "p.output_seg_ids" if with_output else "NULL"
-    cur = con.execute(f"""
+    cur = con.cursor().execute(f"""
         SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
                p.seg_ids, {out_col}, r.block_ids, r.input_length, r.output_length
         FROM requests r LEFT JOIN prompts p USING (request_id)
@@ -157,7 +157,7 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.i
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
-    n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    n = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
     bar = tqdm(total=n, desc="replay", unit="req", disable=not progress, leave=False)
     with_output = "prompt+output" in variants
     result = replay_prompts(iter_prompts(con, with_output=with_output), modes, variants, horizon, bar)
@@ -168,7 +168,7 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.i
     db.set_meta(con, "replay_fingerprint", fingerprint(con))
     prompt_tokens = con.execute(
         "SELECT coalesce(sum(prompt_tokens),0) FROM walks WHERE mode = ? AND variant = ?",
-        [modes[0], variants[0]]).fetchone()[0]
+        [modes[0], variants[0]]).fetchall()[0][0]
     return ReplaySummary(n, tuple(modes), tuple(variants), int(prompt_tokens),
                          time.perf_counter() - t0, nodes)
 
@@ -187,15 +187,13 @@ def store_walks(con, result: dict) -> None:
             "gaps": pa.array(gaps, pa.list_(pa.float64())),
             "depths": pa.array(depths, pa.list_(pa.int64())),
         })
-        con.register("_walks_new", tbl)
-        con.execute("INSERT INTO walks SELECT * FROM _walks_new")
-        con.unregister("_walks_new")
+        con.execute("INSERT INTO walks SELECT * FROM tbl")  # DuckDB reads the Arrow table by name
 
 
 def fingerprint(con) -> str:
     """Changes whenever the requests or their tokenization change."""
-    r = con.execute("SELECT count(*), coalesce(max(request_id), -1) FROM requests").fetchone()
-    p = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0) FROM prompts").fetchone()
+    r = con.execute("SELECT count(*), coalesce(max(request_id), -1) FROM requests").fetchall()[0]
+    p = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0) FROM prompts").fetchall()[0]
     return f"{r[0]}:{r[1]}:{p[0]}:{p[1]}:{db.get_meta(con, 'tokenizer', '')}"
 
 

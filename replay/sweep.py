@@ -122,10 +122,8 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     df = df.select(cols)
     if store and not by_stream:
         con.execute("DELETE FROM results WHERE profile = ?", [profile])
-        con.register("_res", df.with_columns(pl.lit(profile).alias("profile")).select(
-            ["profile"] + cols).to_arrow())
-        con.execute("INSERT INTO results SELECT * FROM _res")
-        con.unregister("_res")
+        res = df.with_columns(pl.lit(profile).alias("profile")).select(["profile"] + cols).to_arrow()
+        con.execute("INSERT INTO results SELECT * FROM res")  # DuckDB reads the Arrow table by name
     return df
 
 

@@ -1,0 +1,207 @@
+"""The sizing report: Markdown plus PNG plots under ``reports/<name>/``.
+
+Other features add sections through ``extra_sections`` (a list of callables
+``(con, out_dir) -> markdown``), so this module stays about the ceiling itself.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+
+from . import pipeline  # noqa: E402
+from .sweep import Grid, format_ttl  # noqa: E402
+
+Section = Callable[[object, Path], str]
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f} %"
+
+
+def _md_table(df: pl.DataFrame) -> str:
+    cols = df.columns
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.iter_rows():
+        lines.append("| " + " | ".join("" if v is None else str(v) for v in row) + " |")
+    return "\n".join(lines)
+
+
+def plot_ceiling_vs_ttl(res: pl.DataFrame, grid: Grid, path: Path) -> None:
+    """Hit ratio against TTL, one panel per stream mode, one line per block size."""
+    modes = list(grid.streams)
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), sharey=True, squeeze=False)
+    finite = sorted(t for t in grid.ttls if t != math.inf)
+    xs = {t: i for i, t in enumerate(finite + ([math.inf] if math.inf in grid.ttls else []))}
+    labels = [format_ttl(t) for t in xs]
+    for ax, mode in zip(axes[0], modes):
+        for block in grid.blocks:
+            for m, style in zip(sorted(grid.min_prefixes), ("-", "--", ":", "-.")):
+                d = res.filter((pl.col("stream") == mode) & (pl.col("block") == block)
+                               & (pl.col("min_prefix") == m))
+                pts = sorted((xs[math.inf if r["ttl_s"] is None else r["ttl_s"]], r["hit_ratio"])
+                             for r in d.to_dicts())
+                if pts:
+                    ax.plot(*zip(*pts), style, marker="o", ms=3,
+                            label=f"block {block}" + (f", min {m}" if m else ""))
+        ax.set_title(f"stream = {mode}")
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel("TTL")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("hit ratio (token-weighted)")
+    axes[0][0].set_ylim(0, 1)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.suptitle("Prefix-cache ceiling against TTL")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_idle_gaps(gaps: pl.DataFrame, ttls, path: Path) -> None:
+    """CDF of the idle gap to the previous request of the same stream, with the TTLs."""
+    g = gaps.drop_nulls("gap_s")["gap_s"].to_numpy()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    if len(g):
+        g = np.sort(np.maximum(g, 0.01))
+        ax.step(g, np.arange(1, len(g) + 1) / len(g), where="post")
+        for t in ttls:
+            if t != math.inf:
+                ax.axvline(t, color="grey", ls="--", lw=0.8)
+                ax.text(t, 0.02, format_ttl(t), rotation=90, fontsize=7, va="bottom")
+        ax.set_xscale("log")
+    ax.set_xlabel("idle gap to the previous request of the stream (s)")
+    ax.set_ylabel("share of requests")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_stream_bars(per: pl.DataFrame, path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(7, 0.3 * len(per) + 1.2))
+    ax.barh(per["stream_key"].to_list()[::-1], per["hit_ratio"].to_list()[::-1])
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("hit ratio")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def headline_config(grid: Grid) -> dict:
+    """The configuration quoted first: the shortest TTL ≥ 5 min, the smallest block ≥ 16."""
+    ttl = min((t for t in grid.ttls if t >= 300), default=max(grid.ttls))
+    block = min((b for b in grid.blocks if b >= 16), default=max(grid.blocks))
+    stream = "tenant" if "tenant" in grid.streams else grid.streams[0]
+    return {"stream": stream, "ttl": ttl, "block": block, "min_prefix": min(grid.min_prefixes)}
+
+
+def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str | None = None,
+                 extra_sections: list[Section] = (), progress=False) -> Path:
+    grid = grid or Grid()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    res = pipeline.sweep(con, grid, progress=progress)
+    ov = pipeline.overview(con)
+    res.write_parquet(out / "sweep.parquet")
+    (out / "sweep.json").write_text(json.dumps(res.to_dicts(), indent=1))
+
+    h = headline_config(grid)
+    sel = res.filter((pl.col("stream") == h["stream"]) & (pl.col("block") == h["block"])
+                     & (pl.col("min_prefix") == h["min_prefix"]))
+    head = sel.filter(pl.col("ttl_s") == h["ttl"]) if h["ttl"] != math.inf else sel.filter(pl.col("ttl_s").is_null())
+    head_ratio = head["hit_ratio"][0] if len(head) else float("nan")
+    lo, hi = res["hit_ratio"].min(), res["hit_ratio"].max()
+    best = res.sort("hit_ratio", descending=True).row(0, named=True)
+    worst = res.sort("hit_ratio").row(0, named=True)
+
+    plot_ceiling_vs_ttl(res, grid, out / "ceiling_vs_ttl.png")
+    gaps = pipeline.idle_gaps(con, h["stream"])
+    plot_idle_gaps(gaps, grid.ttls, out / "idle_gaps.png")
+
+    span_h = ((ov["last_ts"] or 0) - (ov["first_ts"] or 0)) / 3600
+    lines = [
+        f"# {title or 'Prefix-cache sizing report'}",
+        "",
+        f"_Generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC by `replay`; tokenizer: "
+        f"`{ov['tokenizer'] or 'none (block trace)'}`._",
+        "",
+        "## Summary",
+        "",
+        f"- **{ov['requests']:,} requests** over {span_h:.1f} h from {ov['tenants']} tenant(s), "
+        f"{ov['keys']} prompt_cache_key(s), {ov['sessions']} session(s); "
+        f"{ov['rejected']:,} input line(s) set aside (see `rejects`).",
+        f"- {ov['logical_prompt_tokens']:,} prompt tokens in all, made of "
+        f"{ov['unique_content_tokens']:,} tokens of unique content.",
+        f"- **Ceiling at {format_ttl(h['ttl'])} TTL, block {h['block']}, per {h['stream']}: "
+        f"{_pct(head_ratio)}** of prompt tokens could come from a prefix cache.",
+        f"- Across the whole sweep ({grid.size} configurations) the ceiling ranges from "
+        f"**{_pct(lo)}** ({worst['stream']}, TTL {format_ttl(worst['ttl_s'])}, block {worst['block']}, "
+        f"min {worst['min_prefix']}) to **{_pct(hi)}** ({best['stream']}, TTL {format_ttl(best['ttl_s'])}, "
+        f"block {best['block']}, min {best['min_prefix']}). That spread is the honest error bar of the "
+        "estimate: which end applies depends on what your provider or engine shares and keeps.",
+        "- This is a *ceiling*: what an unbounded cache with these rules would hit. Provider rules, "
+        "capacity and prices lower it (see the later sections where present).",
+        "",
+        "## Ceiling against TTL",
+        "",
+        "![ceiling vs TTL](ceiling_vs_ttl.png)",
+        "",
+    ]
+    table = res.with_columns(
+        pl.col("ttl_s").map_elements(format_ttl, return_dtype=pl.String).alias("ttl"),
+        (pl.col("hit_ratio") * 100).round(1).alias("hit %")).select(
+        ["stream", "ttl", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens",
+         "hit %", "requests_hit"])
+    lines += ["<details><summary>The whole sweep</summary>", "", _md_table(table), "", "</details>", ""]
+
+    lines += ["## Per stream", "",
+              "An aggregate over streams misleads: a few large streams can carry the ratio. "
+              f"Per {'stream'} at TTL {format_ttl(h['ttl'])}, block {h['block']}:", ""]
+    per_grid = Grid(ttls=tuple(sorted({h["ttl"], math.inf})), blocks=(h["block"],),
+                    min_prefixes=(h["min_prefix"],),
+                    streams=tuple(m for m in ("tenant", "key") if m in grid.streams) or grid.streams[:1])
+    per = pipeline.sweep(con, per_grid, by_stream=True)
+    for mode in per_grid.streams:
+        d = per.filter((pl.col("stream") == mode) & (pl.col("ttl_s") == h["ttl"]) if h["ttl"] != math.inf
+                       else (pl.col("stream") == mode) & pl.col("ttl_s").is_null())
+        inf = per.filter((pl.col("stream") == mode) & pl.col("ttl_s").is_null()).select(
+            ["stream_key", pl.col("hit_ratio").alias("hit_inf")])
+        d = d.join(inf, on="stream_key", how="left").sort("prompt_tokens", descending=True)
+        top = d.head(25)
+        if not len(top):
+            continue
+        plot_stream_bars(top, out / f"streams_{mode}.png",
+                         f"hit ratio per {mode} stream (TTL {format_ttl(h['ttl'])}, block {h['block']})")
+        shown = top.select(["stream_key", "requests", "prompt_tokens",
+                            (pl.col("hit_ratio") * 100).round(1).alias(f"hit % @{format_ttl(h['ttl'])}"),
+                            (pl.col("hit_inf") * 100).round(1).alias("hit % @inf")])
+        lines += [f"### By {mode} ({len(d)} streams{', top 25 by tokens' if len(d) > 25 else ''})", "",
+                  f"![per {mode}](streams_{mode}.png)", "", _md_table(shown), ""]
+
+    lines += ["## Idle gaps against the TTLs", "",
+              "How long each stream sat idle before a request. Requests to the right of a TTL line "
+              "find their prefix gone at that TTL.", "", "![idle gaps](idle_gaps.png)", ""]
+    for section in extra_sections:
+        lines += [section(con, out), ""]
+    lines += ["## How to read this", "",
+              "- *Hit ratio* = cached prompt tokens / all prompt tokens (token-weighted, first requests "
+              "included), as vLLM reports it. A hit is the longest prefix shared with an earlier request "
+              "of the same stream within the TTL, floored to whole blocks, and zero below the minimum "
+              "prefix (`semantics.md`).",
+              "- Stream modes: `tenant` — one cache per tenant; `key` — per prompt_cache_key (tenant when "
+              "missing); `global` — everyone shares one cache.", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,78 @@
+"""`replay sweep --json` on generated logs against the brute-force oracle (issue 2's Done-when)."""
+
+import json
+import math
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from replay import oracle
+from replay.cli import main
+
+from gen import random_requests
+
+
+def _write_tokens_log(path, reqs, ts_offset=1_700_000_000.0):
+    with open(path, "w") as f:
+        for r in reqs:
+            rec = {"ts": r.ts + ts_offset, "tenant": r.tenant, "tokens": list(r.tokens)}
+            if r.key is not None:
+                rec["prompt_cache_key"] = r.key
+            if r.session is not None:
+                rec["session"] = r.session
+            f.write(json.dumps(rec) + "\n")
+
+
+def _key(r):
+    return (r["stream"], math.inf if r["ttl_s"] is None else r["ttl_s"], r["block"], r["min_prefix"])
+
+
+def _same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(sorted(got, key=_key), sorted(want, key=_key)):
+        assert {k: g[k] for k in w if k != "hit_ratio"} == {k: w[k] for k in w if k != "hit_ratio"}
+        assert g["hit_ratio"] == pytest.approx(w["hit_ratio"], abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sweep_json_equals_oracle_on_tokens_logs(tmp_path, seed):
+    # long-ish prompts over a small alphabet so blocks of 16 and 64 and the minimum prefix matter;
+    # gaps chosen so that some land exactly on the 10 s / 60 s TTLs; ties included (gap 0)
+    reqs = random_requests(seed, n=40, alphabet=3, max_len=200, gaps=(0, 0, 3, 7, 10, 50, 60, 200))
+    log = tmp_path / "log.jsonl"
+    _write_tokens_log(log, reqs)
+    args = ["sweep", str(log), "--db", str(tmp_path / "r.duckdb"), "--ttl", "10,60,inf",
+            "--block", "1,16,64", "--min-prefix", "0,32", "--stream", "tenant,key,session,global", "--json"]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    want = oracle.sweep(reqs, ("tenant", "key", "session", "global"), (10, 60, math.inf), (1, 16, 64), (0, 32))
+    _same(got, want)
+    assert set(got[0]) == {"stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens",
+                           "hit_tokens", "hit_ratio", "requests_hit"}
+    # a second run on the same database (logs given again) neither re-ingests nor changes a figure
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0
+    _same(json.loads(again.stdout), want)
+
+
+def test_sweep_with_empty_prompts_and_boundary_ties(tmp_path):
+    reqs = [oracle.OracleRequest(ts=0, tokens=[], tenant="a"),
+            oracle.OracleRequest(ts=0, tokens=[1] * 40, tenant="a"),
+            oracle.OracleRequest(ts=0, tokens=[1] * 40 + [2], tenant="a"),        # tie: hits the one above
+            oracle.OracleRequest(ts=300, tokens=[1] * 40 + [3], tenant="a"),      # exactly at a 5m TTL
+            oracle.OracleRequest(ts=600.5, tokens=[1] * 17, tenant="a"),          # just past it
+            oracle.OracleRequest(ts=601, tokens=[], tenant="b")]
+    log = tmp_path / "edge.jsonl"
+    _write_tokens_log(log, reqs)
+    res = CliRunner().invoke(main, ["sweep", str(log), "--db", str(tmp_path / "e.duckdb"), "--ttl", "5m,inf",
+                                    "--block", "1,16", "--min-prefix", "0,20", "--stream", "tenant,global",
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    got = json.loads(res.stdout)
+    _same(got, oracle.sweep(reqs, ("tenant", "global"), (300, math.inf), (1, 16), (0, 20)))
+    row = next(r for r in got if r["stream"] == "tenant" and r["ttl_s"] == 300 and r["block"] == 1
+               and r["min_prefix"] == 0)
+    assert row["hit_tokens"] == 40 + 40 + 0  # tie hit, boundary hit, the 17-token one expired
+
