@@ -1,0 +1,578 @@
+"""Ingest: request logs → `requests`, `rejects`, `sources` (see docs/architecture.md).
+
+Every input unit (a JSONL line, a JSON-array element, a parquet row, a
+trajectory's assistant turn) is either loaded into `requests` or recorded in
+`rejects`, so `lines == loaded + rejected` for every new file. A file whose
+raw bytes (sha256) are already in `sources` is skipped, so re-ingesting never
+duplicates. Each file is loaded in one transaction (all or nothing); rows are
+inserted in Arrow batches.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import io
+import itertools
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
+
+from .formats import (
+    FORMATS,
+    TIME_UNITS,
+    Options,
+    Reject,
+    convert_record,
+    convert_trajectory,
+    detect_record,
+    normalize_fields,
+    strip_nulls,
+)
+
+__all__ = ["IngestSummary", "ingest", "summary_text", "expand_paths"]
+
+INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
+COMPRESSION_SUFFIXES = (".gz", ".zst")
+BATCH_ROWS = 5000
+BATCH_BYTES = 64 << 20  # also flush when the buffered bodies/outputs reach this size
+DETECT_LOOKAHEAD = 100  # parseable records examined when the first ones are ambiguous
+
+REQUEST_SCHEMA = pa.schema([
+    ("request_id", pa.int64()),
+    ("source_id", pa.int64()),
+    ("line_no", pa.int64()),
+    ("format", pa.string()),
+    ("ts", pa.float64()),
+    ("tenant", pa.string()),
+    ("prompt_cache_key", pa.string()),
+    ("session", pa.string()),
+    ("user_id", pa.string()),
+    ("model", pa.string()),
+    ("body", pa.string()),
+    ("output", pa.string()),
+    ("tokens", pa.list_(pa.int32())),
+    ("output_tokens", pa.list_(pa.int32())),
+    ("block_ids", pa.list_(pa.int64())),
+    ("input_length", pa.int64()),
+    ("output_length", pa.int64()),
+    ("usage_prompt_tokens", pa.int64()),
+    ("usage_cached_tokens", pa.int64()),
+    ("usage_cache_write_tokens", pa.int64()),
+    ("usage_output_tokens", pa.int64()),
+])
+REJECT_SCHEMA = pa.schema([
+    ("source_id", pa.int64()),
+    ("path", pa.string()),
+    ("line_no", pa.int64()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+])
+
+
+@dataclass
+class IngestSummary:
+    files: int = 0  # files looked at (new + skipped + unreadable)
+    skipped_files: int = 0  # already ingested (same sha256)
+    lines: int = 0  # input units of the new files
+    loaded: int = 0
+    rejected: int = 0
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def reconciles(self) -> bool:
+        """Every input unit of the new files was either loaded or rejected."""
+        return (self.lines == self.loaded + self.rejected
+                and sum(self.rejected_by_reason.values()) == self.rejected)
+
+
+def summary_text(summary: IngestSummary) -> str:
+    s = summary
+    new = s.files - s.skipped_files
+    lines = [
+        f"files: {new} ingested, {s.skipped_files} skipped (already ingested)",
+        f"lines: {s.lines:,}  loaded: {s.loaded:,}  rejected: {s.rejected:,}"
+        + ("" if s.reconciles() else "  (WARNING: counts do not reconcile)"),
+    ]
+    for reason, n in sorted(s.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0])):
+        lines.append(f"  {reason:<20} {n:,}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------- paths
+
+def _strip_compression(name: str) -> str:
+    for suf in COMPRESSION_SUFFIXES:
+        if name.endswith(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def _is_input_name(name: str) -> bool:
+    return _strip_compression(name.lower()).endswith(INPUT_SUFFIXES)
+
+
+def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
+    """Files named by `paths` (files, globs, directories searched recursively), sorted, unique.
+
+    Files inside directories (or matched directories) are taken when they end in
+    .jsonl/.json/.parquet, optionally + .gz/.zst; files named explicitly or
+    matched by a glob are taken whatever their name. A path that does not exist
+    or a glob that matches nothing raises FileNotFoundError.
+    """
+    out: dict[str, None] = {}
+
+    def add_dir(d: str) -> None:
+        for root, dirs, files in os.walk(d):
+            dirs.sort()
+            for f in files:
+                if _is_input_name(f):
+                    out[os.path.normpath(os.path.join(root, f))] = None
+
+    for p in paths:
+        p = os.fspath(p)
+        if os.path.isdir(p):
+            add_dir(p)
+        elif os.path.exists(p):
+            out[os.path.normpath(p)] = None
+        elif glob.has_magic(p):
+            matches = glob.glob(p, recursive=True)
+            if not matches:
+                raise FileNotFoundError(f"no file matches {p!r}")
+            for m in matches:
+                if os.path.isdir(m):
+                    add_dir(m)
+                else:
+                    out[os.path.normpath(m)] = None
+        else:
+            raise FileNotFoundError(f"no such file or directory: {p!r}")
+    return sorted(out)
+
+
+# ----------------------------------------------------------------- reading
+
+class _ReadError(Exception):
+    """The file's bytes could not be read or decompressed."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _open_binary(path: str) -> io.BufferedIOBase:
+    """Binary stream of the decompressed content (gzip/zstd recognised by magic bytes)."""
+    fh = open(path, "rb")
+    magic = fh.read(4)
+    fh.seek(0)
+    if magic[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+    if magic == b"\x28\xb5\x2f\xfd":
+        reader = zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)
+        return io.BufferedReader(reader, buffer_size=1 << 20)
+    return fh
+
+
+def _guard(it: Iterable) -> Iterator:
+    """Re-raise errors raised while *reading* as _ReadError (not while converting)."""
+    it = iter(it)
+    while True:
+        try:
+            x = next(it)
+        except StopIteration:
+            return
+        except (OSError, EOFError, zstandard.ZstdError, pa.ArrowException, MemoryError) as e:
+            raise _ReadError(_describe_error(e)) from e
+        yield x
+
+
+def _describe_error(e: BaseException) -> str:
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {msg[:200]}" if msg else type(e).__name__
+
+
+def _parse_line(raw: bytes) -> Any:
+    """Parsed JSON of one line, or a Reject."""
+    s = raw.strip()
+    if not s:
+        return Reject("blank_line", "empty line")
+    if s.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
+        s = s[3:]
+    try:
+        return json.loads(s.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return Reject("malformed_json", f"line is not valid UTF-8 (byte {e.start})")
+    except json.JSONDecodeError as e:
+        return Reject("malformed_json", f"invalid JSON: {e.msg} at column {e.colno}")
+    except (ValueError, RecursionError) as e:
+        return Reject("malformed_json", f"invalid JSON ({type(e).__name__})")
+
+
+def _iter_jsonl(fh: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
+    for i, raw in enumerate(fh, 1):
+        yield i, _parse_line(raw)
+
+
+def _iter_parquet(src: Any) -> Iterator[tuple[int, Any]]:
+    pf = pq.ParquetFile(src)
+    n = 0
+    for batch in pf.iter_batches(batch_size=4096):
+        for rec in batch.to_pylist():
+            n += 1
+            yield n, strip_nulls(rec)
+
+
+def _file_kind(path: str, forced: str | None) -> str:
+    name = _strip_compression(os.path.basename(path).lower())
+    if forced == "trajectory" or name.endswith(".traj.json"):
+        return "document"
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith(".json"):
+        return "json"
+    return "jsonl"
+
+
+def _traj_stem(path: str) -> str:
+    name = _strip_compression(os.path.basename(path))
+    for suf in (".traj.json", ".json", ".jsonl"):
+        if name.endswith(suf):
+            return name[: -len(suf)]
+    return name
+
+
+# ----------------------------------------------------------------- writing
+
+class _Writer:
+    """Buffers request/reject rows and inserts them into DuckDB as Arrow batches."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, batch_rows: int = BATCH_ROWS):
+        self.con = con
+        self.batch_rows = batch_rows
+        self.req: dict[str, list] = {n: [] for n in REQUEST_SCHEMA.names}
+        self.rej: dict[str, list] = {n: [] for n in REJECT_SCHEMA.names}
+        self.n_req = 0
+        self.n_rej = 0
+        self.req_bytes = 0
+
+    def request(self, ids: dict, row: dict) -> None:
+        for n, col in self.req.items():
+            col.append(ids[n] if n in ids else row.get(n))
+        self.n_req += 1
+        self.req_bytes += len(row.get("body") or "") + len(row.get("output") or "")
+        if self.n_req >= self.batch_rows or self.req_bytes >= BATCH_BYTES:
+            self._flush_requests()
+
+    def reject(self, source_id: int | None, path: str, line_no: int | None, reason: str, detail: str) -> None:
+        r = self.rej
+        r["source_id"].append(source_id)
+        r["path"].append(path)
+        r["line_no"].append(line_no)
+        r["reason"].append(reason)
+        r["detail"].append(detail)
+        self.n_rej += 1
+        if self.n_rej >= self.batch_rows:
+            self._flush_rejects()
+
+    def _insert(self, table: str, cols: dict[str, list], schema: pa.Schema) -> None:
+        tbl = pa.Table.from_pydict(cols, schema=schema)
+        names = ", ".join(schema.names)
+        self.con.register("__replay_ingest_batch", tbl)
+        try:
+            self.con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM __replay_ingest_batch")
+        finally:
+            self.con.unregister("__replay_ingest_batch")
+
+    def _flush_requests(self) -> None:
+        if self.n_req:
+            self._insert("requests", self.req, REQUEST_SCHEMA)
+            self.req = {n: [] for n in REQUEST_SCHEMA.names}
+            self.n_req = self.req_bytes = 0
+
+    def _flush_rejects(self) -> None:
+        if self.n_rej:
+            self._insert("rejects", self.rej, REJECT_SCHEMA)
+            self.rej = {n: [] for n in REJECT_SCHEMA.names}
+            self.n_rej = 0
+
+    def flush(self) -> None:
+        self._flush_requests()
+        self._flush_rejects()
+
+    def discard(self) -> None:
+        self.req = {n: [] for n in REQUEST_SCHEMA.names}
+        self.rej = {n: [] for n in REJECT_SCHEMA.names}
+        self.n_req = self.n_rej = self.req_bytes = 0
+
+
+@dataclass
+class _FileStats:
+    format: str | None = None
+    lines: int = 0
+    loaded: int = 0
+    rejected: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class _FileIngest:
+    """Loads one new file: units → rows/rejects, counting as it goes."""
+
+    def __init__(self, writer: _Writer, path: str, source_id: int, first_id: int,
+                 forced: str | None, opts: Options, pbar: Any):
+        self.w = writer
+        self.path = path
+        self.sid = source_id
+        self.next_id = first_id
+        self.forced = forced
+        self.opts = opts
+        self.pbar = pbar
+        self.stats = _FileStats(format=forced)
+
+    # -- counting
+    def _reject(self, line_no: int | None, r: Reject) -> None:
+        self.stats.lines += 1
+        self.stats.rejected += 1
+        self.stats.by_reason[r.reason] = self.stats.by_reason.get(r.reason, 0) + 1
+        self.w.reject(self.sid, self.path, line_no, r.reason, r.detail)
+        self._tick()
+
+    def _load(self, line_no: int, fmt: str, row: dict) -> None:
+        self.stats.lines += 1
+        self.stats.loaded += 1
+        ids = {"request_id": self.next_id, "source_id": self.sid, "line_no": line_no, "format": fmt}
+        self.next_id += 1
+        self.w.request(ids, row)
+        self._tick()
+
+    def _tick(self) -> None:
+        if self.pbar is not None:
+            self.pbar.update(1)
+
+    # -- driving
+    def run(self) -> _FileStats:
+        kind = _file_kind(self.path, self.forced)
+        with _open_binary(self.path) as fh:
+            if kind == "document":
+                self._document(_read_all(fh))
+            elif kind == "json":
+                self._json(_read_all(fh))
+            elif kind == "parquet":
+                # parquet needs random access: decompress a .gz/.zst one into memory
+                src: Any = self.path if _is_plain(fh) else pa.BufferReader(_read_all(fh))
+                self._records(_guard(_iter_parquet(src)))
+            else:
+                self._records(_guard(_iter_jsonl(fh)))
+        return self.stats
+
+    def _records(self, units: Iterator[tuple[int, Any]]) -> None:
+        fmt = self.forced
+        head: list[tuple[int, Any]] = []
+        if fmt is None:
+            fallback = None
+            seen = 0
+            for ln, item in units:
+                head.append((ln, item))
+                if isinstance(item, Reject):
+                    continue
+                seen += 1
+                f, confident = detect_record(item)
+                if f is not None and confident:
+                    fmt = f
+                    break
+                if f is not None and fallback is None:
+                    fallback = f
+                if seen >= DETECT_LOOKAHEAD:
+                    break
+            if fmt is None:
+                fmt = fallback
+            self.stats.format = fmt
+        for ln, item in itertools.chain(head, units):
+            if isinstance(item, Reject):
+                self._reject(ln, item)
+                continue
+            try:
+                row = convert_record(item, fmt, self.opts)
+            except Reject as r:
+                self._reject(ln, r)
+                continue
+            self._load(ln, fmt, row)  # type: ignore[arg-type]
+
+    def _json(self, data: bytes) -> None:
+        """A .json file: an array of records, one object (record or trajectory), or JSONL."""
+        head = data.removeprefix(b"\xef\xbb\xbf").lstrip()[:1]
+        try:
+            doc = json.loads(_decode(data))
+        except (ValueError, RecursionError) as e:
+            if head == b"{" and isinstance(e, json.JSONDecodeError) and e.msg == "Extra data":
+                self._records(_iter_jsonl(io.BytesIO(data)))  # JSON Lines named .json
+                return
+            self._reject(None, _doc_error(e))
+            return
+        if isinstance(doc, list):
+            self._records(iter([(i, x) for i, x in enumerate(doc, 1)]))
+        elif self.forced is None and detect_record(doc, whole_document=True)[0] == "trajectory":
+            self._trajectory(doc)
+        else:
+            self._records(iter([(1, doc)]))
+
+    def _document(self, data: bytes) -> None:
+        """A trajectory file: one JSON document."""
+        self.stats.format = "trajectory"
+        try:
+            doc = json.loads(_decode(data))
+        except (ValueError, RecursionError) as e:
+            self._reject(None, _doc_error(e))
+            return
+        self._trajectory(doc)
+
+    def _trajectory(self, doc: Any) -> None:
+        self.stats.format = "trajectory"
+        try:
+            units = list(convert_trajectory(doc, _traj_stem(self.path), self.opts))
+        except Reject as r:
+            self._reject(None, r)
+            return
+        for ln, item in units:
+            if isinstance(item, Reject):
+                self._reject(ln, item)
+            else:
+                self._load(ln, "trajectory", item)
+
+
+def _is_plain(fh: Any) -> bool:
+    return isinstance(fh, io.BufferedReader) and isinstance(getattr(fh, "raw", None), io.FileIO)
+
+
+def _read_all(fh: io.BufferedIOBase) -> bytes:
+    try:
+        return fh.read()
+    except (OSError, EOFError, zstandard.ZstdError, MemoryError) as e:
+        raise _ReadError(_describe_error(e)) from e
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8-sig")
+
+
+def _doc_error(e: BaseException) -> Reject:
+    if isinstance(e, UnicodeDecodeError):
+        return Reject("malformed_json", f"file is not valid UTF-8 (byte {e.start})")
+    if isinstance(e, json.JSONDecodeError):
+        return Reject("malformed_json", f"file is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+    return Reject("malformed_json", f"file is not valid JSON ({type(e).__name__})")
+
+
+# ----------------------------------------------------------------- entry point
+
+def ingest(
+    con: duckdb.DuckDBPyConnection,
+    paths: list[str],
+    format: str | None = None,
+    fields: dict[str, str] | None = None,
+    time_unit: str | None = None,
+    progress: bool = False,
+) -> IngestSummary:
+    """Load request logs into `requests` / `rejects` / `sources`.
+
+    `format` forces one of FORMATS for every file (else detected per file);
+    `fields` maps timestamp/tenant/prompt_cache_key/session/user_id/model to a
+    dotted path in the record; `time_unit` ('s', 'ms', 'us') fixes the unit of
+    numeric timestamps (else automatic; mooncake defaults to ms).
+    """
+    if format is not None and format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise ValueError(f"unknown time unit {time_unit!r}; expected one of {', '.join(TIME_UNITS)}")
+    opts = Options(fields=normalize_fields(fields), time_unit=time_unit)
+    files = expand_paths([paths] if isinstance(paths, (str, os.PathLike)) else paths)
+    # A cursor is a second connection to the same database with its own
+    # transaction state, so each file can commit alone even if the caller's
+    # connection is inside a transaction.
+    con = con.cursor()
+
+    known = {r[0] for r in con.execute("SELECT sha256 FROM sources").fetchall()}
+    next_sid = con.execute("SELECT coalesce(max(source_id), 0) + 1 FROM sources").fetchone()[0]
+    next_id = con.execute("SELECT coalesce(max(request_id), 0) + 1 FROM requests").fetchone()[0]
+
+    summary = IngestSummary()
+    writer = _Writer(con)
+    fbar = lbar = None
+    if progress:
+        from tqdm import tqdm
+
+        fbar = tqdm(total=len(files), unit="file", desc="ingest", file=sys.stderr)
+        lbar = tqdm(unit="line", desc="records", file=sys.stderr)
+    try:
+        for path in files:
+            summary.files += 1
+            try:
+                sha = _sha256(path)
+            except OSError as e:  # cannot even read it: no sources row, retried next time
+                writer.reject(None, path, None, "unreadable_file", _describe_error(e))
+                writer.flush()
+                _add(summary, _FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
+                _tick(fbar)
+                continue
+            if sha in known:
+                summary.skipped_files += 1
+                _tick(fbar)
+                continue
+            sid = next_sid
+            con.begin()
+            try:
+                job = _FileIngest(writer, path, sid, next_id, format, opts, lbar)
+                try:
+                    stats = job.run()
+                    next_id = job.next_id
+                except _ReadError as e:
+                    # all or nothing: drop what this file already wrote
+                    writer.discard()
+                    con.execute("DELETE FROM requests WHERE source_id = ?", [sid])
+                    con.execute("DELETE FROM rejects WHERE source_id = ?", [sid])
+                    writer.reject(sid, path, None, "unreadable_file", f"cannot read or decompress the file: {e}")
+                    stats = _FileStats(format=job.stats.format, lines=1, rejected=1,
+                                       by_reason={"unreadable_file": 1})
+                writer.flush()
+                con.execute(
+                    "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [sid, path, sha, stats.format, stats.lines, stats.loaded, stats.rejected],
+                )
+                con.commit()
+            except BaseException:
+                writer.discard()
+                con.rollback()
+                raise
+            known.add(sha)
+            next_sid += 1
+            _add(summary, stats)
+            _tick(fbar)
+    finally:
+        con.close()
+        for bar in (lbar, fbar):
+            if bar is not None:
+                bar.close()
+    return summary
+
+
+def _tick(bar: Any) -> None:
+    if bar is not None:
+        bar.update(1)
+
+
+def _add(summary: IngestSummary, stats: _FileStats) -> None:
+    summary.lines += stats.lines
+    summary.loaded += stats.loaded
+    summary.rejected += stats.rejected
+    for k, v in stats.by_reason.items():
+        summary.rejected_by_reason[k] = summary.rejected_by_reason.get(k, 0) + v
