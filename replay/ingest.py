@@ -123,7 +123,9 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
     """Files named by `paths` (files, globs, directories searched recursively), sorted, unique.
 
     Files inside directories (or matched directories) are taken when they end in
-    .jsonl/.json/.parquet, optionally + .gz/.zst; files named explicitly or
+    .jsonl/.json/.parquet, optionally + .gz/.zst, and their names do not start
+    with '_' or '.' (side files such as a generator's `_truth.jsonl`, hidden
+    files — the Hadoop/Spark convention); files named explicitly or
     matched by a glob are taken whatever their name. A path that does not exist
     or a glob that matches nothing raises FileNotFoundError.
     """
@@ -131,9 +133,9 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
 
     def add_dir(d: str) -> None:
         for root, dirs, files in os.walk(d):
-            dirs.sort()
+            dirs[:] = sorted(x for x in dirs if not x.startswith((".", "_")))
             for f in files:
-                if _is_input_name(f):
+                if _is_input_name(f) and not f.startswith((".", "_")):
                     out[os.path.normpath(os.path.join(root, f))] = None
 
     for p in paths:

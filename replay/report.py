@@ -160,7 +160,7 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
         "",
     ]
     table = res.with_columns(
-        pl.col("ttl_s").map_elements(format_ttl, return_dtype=pl.String).alias("ttl"),
+        pl.col("ttl_s").fill_null(float("inf")).map_elements(format_ttl, return_dtype=pl.String).alias("ttl"),
         (pl.col("hit_ratio") * 100).round(1).alias("hit %")).select(
         ["stream", "ttl", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens",
          "hit %", "requests_hit"])

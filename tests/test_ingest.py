@@ -574,3 +574,16 @@ def test_inside_caller_transaction(con, tmp_path):
     con.commit()
     assert s.loaded == 1
     assert con.execute("SELECT count(*) FROM requests").fetchone()[0] == 1
+
+
+def test_directories_skip_underscore_and_hidden_files(tmp_path):
+    from replay import db
+    from replay.ingest import expand_paths, ingest
+
+    (tmp_path / "a.jsonl").write_text('{"ts": 1, "tenant": "t", "tokens": [1, 2]}\n')
+    (tmp_path / "_truth.jsonl").write_text('{"not": "a request"}\n')
+    (tmp_path / ".hidden.jsonl").write_text('{"not": "a request"}\n')
+    assert [p.rsplit("/", 1)[1] for p in expand_paths([tmp_path])] == ["a.jsonl"]
+    # named explicitly, it is taken (and here rejected as an unknown format)
+    s = ingest(db.connect(None), [str(tmp_path / "_truth.jsonl")])
+    assert s.rejected_by_reason == {"unknown_format": 1}
