@@ -1,0 +1,58 @@
+"""The CLI as a user meets it: help, the batch job, exit codes."""
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from replay.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "data" / "sample"
+
+
+def test_help_lists_the_commands():
+    res = CliRunner().invoke(main, ["--help"])
+    assert res.exit_code == 0
+    for cmd in ("ingest", "tokenize", "sweep", "run", "report", "synth"):
+        assert cmd in res.output
+
+
+def test_run_writes_the_report_on_the_sample(tmp_path):
+    res = CliRunner().invoke(main, ["run", str(SAMPLE), "--db", str(tmp_path / "r.duckdb"),
+                                    "--out", str(tmp_path / "reports"), "--name", "s"])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "reports" / "s"
+    text = (out / "report.md").read_text()
+    for heading in ("## Summary", "## Ceiling against TTL", "## Per stream", "## Idle gaps"):
+        assert heading in text
+    for png in ("ceiling_vs_ttl.png", "idle_gaps.png", "streams_tenant.png"):
+        assert (out / png).stat().st_size > 1000
+    rows = json.loads((out / "sweep.json").read_text())
+    assert len(rows) == 4 * 3 * 2 * 3
+    # re-running the same job on the same database does not double-count
+    again = CliRunner().invoke(main, ["sweep", str(SAMPLE), "--db", str(tmp_path / "r.duckdb"), "--json"])
+    assert again.exit_code == 0
+    assert json.loads(again.stdout) == rows
+
+
+def test_nothing_loadable_exits_1_and_prints_no_prompt_text(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 1, "messages": [{"role": "user", "content": "SECRET-PROMPT"}]\n')
+    res = CliRunner().invoke(main, ["sweep", str(bad), "--db", str(tmp_path / "x.duckdb"), "--json"])
+    assert res.exit_code == 1
+    assert "nothing could be loaded" in res.output
+    assert "SECRET-PROMPT" not in res.output
+
+
+def test_bad_options_exit_2(tmp_path):
+    res = CliRunner().invoke(main, ["sweep", "--db", str(tmp_path / "x.duckdb"), "--ttl", "soon"])
+    assert res.exit_code == 2
+    res = CliRunner().invoke(main, ["sweep", "--db", str(tmp_path / "x.duckdb"), "--stream", "planet"])
+    assert res.exit_code == 2
+
+
+def test_sweep_on_an_empty_database_says_what_to_do(tmp_path):
+    res = CliRunner().invoke(main, ["sweep", "--db", str(tmp_path / "empty.duckdb")])
+    assert res.exit_code == 1
+    assert "holds no requests" in res.output
