@@ -145,10 +145,13 @@ def tokenize(db_path, tokenizer):
 @db_option
 @ingest_options
 @grid_options
+@click.option("--profile", "profiles", multiple=True,
+              help="Provider/engine rules to apply (repeat or comma-separate; `replay profiles` lists them). "
+                   "Default: ideal, the contract itself.")
 @click.option("--by-stream", is_flag=True, help="One row per stream (tenant/key/session) as well.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array of configurations.")
 @click.option("--parquet", type=click.Path(dir_okay=False), default=None, help="Also write the rows as Parquet.")
-def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, by_stream,
+def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, profiles, by_stream,
           as_json, parquet):
     """Hit-rate ceiling for every TTL × block × minimum prefix × stream mode.
 
@@ -161,7 +164,12 @@ def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, 
         _ingest(con, logs, fmt, fields, time_unit, quiet=as_json)
     elif con.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 0:
         raise click.ClickException(f"{db_path} holds no requests: give log files to ingest")
-    df = pipeline.sweep(con, grid, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
+    names = _profile_names(profiles)
+    if names:
+        df = pipeline.profile_sweep(con, names, grid, by_stream=by_stream, tokenizer=tokenizer,
+                                    progress=not as_json)
+    else:
+        df = pipeline.sweep(con, grid, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
     if parquet:
         df.write_parquet(parquet)
     if as_json:
@@ -170,8 +178,26 @@ def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, 
     _print_table(df)
 
 
+def _profile_names(values) -> list[str]:
+    """Profile specs from repeated/comma-separated options, checked against the registry."""
+    from . import profiles as prof
+
+    names: list[str] = []
+    for part in (v.strip() for opt in values for v in opt.split(",")):
+        if "=" in part and names and ":" in names[-1]:
+            names[-1] += "," + part          # an option of the previous profile: name:k=v,k=v
+        elif part:
+            names.append(part)
+    for n in names:
+        try:
+            prof.get_profile(n)
+        except (KeyError, ValueError) as e:
+            raise click.BadParameter(str(e).strip("'\""), param_hint="--profile") from None
+    return names
+
+
 def _print_table(df) -> None:
-    cols = [c for c in ("stream", "stream_key") if c in df.columns]
+    cols = [c for c in ("profile", "stream", "stream_key") if c in df.columns]
     click.echo(" ".join(f"{c:<10}" for c in cols) +
                f"{'ttl':>6} {'block':>6} {'min':>6} {'requests':>9} {'prompt_tok':>13} {'hit_tok':>13} "
                f"{'hit %':>6} {'req hit':>8}")
@@ -179,7 +205,9 @@ def _print_table(df) -> None:
         click.echo(" ".join(f"{str(r[c]):<10}" for c in cols) +
                    f"{format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['min_prefix']:>6} {r['requests']:>9,} "
                    f"{r['prompt_tokens']:>13,} {r['hit_tokens']:>13,} {100 * r['hit_ratio']:>6.1f} "
-                   f"{r['requests_hit']:>8,}")
+                   f"{r['requests_hit']:>8,}" +
+                   (f"   realised {100 * r['realized_hit_ratio']:.1f} %"
+                    if r.get("realized_hit_ratio") is not None else ""))
 
 
 @main.command()
@@ -191,7 +219,11 @@ def _print_table(df) -> None:
                                            "shipped sample, else the first log's stem).")
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
 @click.option("--fresh", is_flag=True, help="Start from an empty database file.")
-def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, name, out, fresh):
+@click.option("--prices", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A TOML price table overriding the shipped defaults (replay/prices.toml).")
+@click.option("--price-model", default=None, help="Price the savings as this model (default: the logged model).")
+def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, name, out, fresh,
+        prices, price_model):
     """The batch job: ingest → tokenize → replay → sweep → report.
 
     Without LOGS it runs on the shipped sample (data/sample). The report goes
@@ -212,14 +244,25 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     from . import report
 
     path = report.write_report(con, Path(out) / name, grid, title=f"Prefix-cache sizing — {name}",
-                               extra_sections=_extra_sections(), progress=True)
+                               extra_sections=_extra_sections(prices, price_model), progress=True)
     click.echo(f"report written to {path}")
 
 
-def _extra_sections():
-    """Sections other features contribute to the report (each optional)."""
-    sections = []
-    return sections
+def _extra_sections(prices=None, price_model=None):
+    """Sections other features contribute to the report."""
+    from . import economics
+
+    return [lambda con, out: economics.savings_section(con, out, price_model=price_model, prices_path=prices)]
+
+
+@main.command("profiles")
+def profiles_cmd():
+    """List the provider/engine profiles `sweep --profile` accepts, with their rules and sources."""
+    from . import profiles as prof
+
+    for p in prof.list_profiles():
+        click.echo(p.describe())
+        click.echo()
 
 
 @main.command()
@@ -227,7 +270,10 @@ def _extra_sections():
 @grid_options
 @click.option("--name", default="report", show_default=True)
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
-def report(db_path, ttls, blocks, mins, streams, name, out):
+@click.option("--prices", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A TOML price table overriding the shipped defaults.")
+@click.option("--price-model", default=None, help="Price the savings as this model (default: the logged model).")
+def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model):
     """Write the report from what the database already holds."""
     grid = _grid(ttls, blocks, mins, streams)
     con = db.connect(db_path)
@@ -235,7 +281,8 @@ def report(db_path, ttls, blocks, mins, streams, name, out):
         raise click.ClickException(f"{db_path} holds no requests: run `replay ingest` first")
     from . import report as rep
 
-    path = rep.write_report(con, Path(out) / name, grid, extra_sections=_extra_sections(), progress=True)
+    path = rep.write_report(con, Path(out) / name, grid, extra_sections=_extra_sections(prices, price_model),
+                            progress=True)
     click.echo(f"report written to {path}")
 
 

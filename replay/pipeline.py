@@ -68,6 +68,17 @@ def sweep(con, grid: Grid | None = None, by_stream=False, tokenizer=None, progre
     return _sweep(con, grid, by_stream=by_stream)
 
 
+def profile_sweep(con, profiles, grid: Grid | None = None, by_stream=False, tokenizer=None,
+                  progress=False) -> pl.DataFrame:
+    """Sweep under provider/engine profiles (``replay.profiles``), with realised usage columns."""
+    from . import profiles as prof
+
+    grid = grid or Grid()
+    prepare(con, modes=MODES, variants=("prompt", "prompt+output"), horizon=max(grid.ttls),
+            tokenizer=tokenizer, progress=progress)
+    return prof.profile_sweep(con, list(profiles), grid, by_stream=by_stream)
+
+
 def idle_gaps(con, mode: str = "tenant") -> pl.DataFrame:
     """Gap between each request and the previous request of its stream (first ones: null)."""
     return pl.from_arrow(db.arrow(con, """

@@ -56,3 +56,22 @@ def test_sweep_on_an_empty_database_says_what_to_do(tmp_path):
     res = CliRunner().invoke(main, ["sweep", "--db", str(tmp_path / "empty.duckdb")])
     assert res.exit_code == 1
     assert "holds no requests" in res.output
+
+
+def test_profiles_are_listed_and_sweep_accepts_them(tmp_path):
+    res = CliRunner().invoke(main, ["profiles"])
+    assert res.exit_code == 0
+    for name in ("ideal", "vllm", "sglang", "mooncake", "mlx-lm", "deepseek"):
+        assert f"{name}:" in res.output
+    db_ = str(tmp_path / "p.duckdb")
+    res = CliRunner().invoke(main, ["sweep", str(SAMPLE), "--db", db_, "--profile", "ideal,vllm",
+                                    "--stream", "tenant", "--ttl", "5m", "--block", "16", "--min-prefix", "0",
+                                    "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert {r["profile"] for r in rows} == {"ideal", "vllm"}
+    assert all(r["realized_prompt_tokens"] is not None for r in rows)  # the sample logs carry usage
+    vllm = next(r for r in rows if r["profile"] == "vllm")
+    assert vllm["block"] == 16 and vllm["hit_tokens"] % 16 == 0  # the profile's own block size
+    bad = CliRunner().invoke(main, ["sweep", "--db", db_, "--profile", "nosuch"])
+    assert bad.exit_code == 2
