@@ -252,7 +252,10 @@ def _extra_sections(prices=None, price_model=None):
     """Sections other features contribute to the report."""
     from . import economics
 
-    return [lambda con, out: economics.savings_section(con, out, price_model=price_model, prices_path=prices)]
+    from . import diagnose
+
+    return [lambda con, out: diagnose.why_miss_section(con, out),
+            lambda con, out: economics.savings_section(con, out, price_model=price_model, prices_path=prices)]
 
 
 @main.command("profiles")
@@ -297,6 +300,14 @@ def synth(out, seed, scale):
     res = s.generate(out, seed=seed, scale=scale)
     click.echo(f"wrote {res}", err=True)
 
+
+def _register_feature_commands() -> None:
+    from . import diagnose
+
+    diagnose.register(main)  # diagnose, whatif, diff
+
+
+_register_feature_commands()
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

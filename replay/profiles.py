@@ -119,6 +119,12 @@ class Profile:
     sources: str = ""
     params: dict = field(default_factory=dict)
 
+    @property
+    def canonical_json(self) -> bool:
+        """Hosted APIs parse the request JSON before building the prompt, so key order
+        and separators cannot cause a miss there (diagnose/whatif work on the canonical view)."""
+        return self.kind in ("anthropic", "openai") or self.name.split(":")[0] == "deepseek"
+
     def describe(self) -> str:
         return (f"{self.name}: {self.summary}\n  honours: {self.honours or '-'}\n"
                 f"  overrides: {self.overrides or '-'}\n  sources: {self.sources or '-'}")

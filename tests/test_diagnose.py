@@ -1,0 +1,297 @@
+"""Miss diagnosis against planted causes with known token losses.
+
+The generator below writes two logs request by request: the *planted* one and
+its *clean* twin (same times, tenants, sessions, users, same conversation text),
+where the twin differs only in that the planted element is held constant (a
+fixed header / time / id / user line, a fixed tool order / key order / tool
+description, the history as the previous turn sent it). The true token loss of
+a request is then
+
+    L_global,∞(clean twin) − L_global,∞(planted)
+
+— the tokens the request would have shared with some earlier request had the
+cause not been there, counted by the real tokenizer and the real replay. A
+request is *affected* when that loss is > 0. Each tenant carries one cause (the
+``ok`` tenant none), so the diagnosis can be scored per cause: recall on the
+affected requests, false blame on the unaffected ones, and tokens_lost against
+the summed true loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import uuid
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from replay import db, pipeline
+from replay.diagnose import PARTS, diagnose, diff_view, miss_parts, why_miss_section
+
+WORDS = ("the cache prefix token request stream tenant session model agent tool result file "
+         "function value error build test deploy query table index branch commit review plan "
+         "memory budget latency window header schema order json key user system message turn "
+         "history summary edit patch config option server client proxy route block batch").split()
+
+CAUSE_OF_TENANT = {
+    "t_rh": "rotating_header", "t_ts": "timestamp", "t_id": "volatile_id", "t_pu": "per_user_data",
+    "t_to": "tool_order", "t_sc": "tool_schema_change", "t_jk": "json_key_order",
+    "t_hr": "history_rewrite", "t_ok": None,
+}
+
+
+def _text(r: random.Random, n: int) -> str:
+    return " ".join(r.choice(WORDS) for _ in range(n)).capitalize() + "."
+
+
+def _tools(r: random.Random) -> list[dict]:
+    out = []
+    for name in ("read_file", "write_file", "run_shell", "search_code", "list_dir"):
+        out.append({"name": name, "description": _text(r, 60),
+                    "input_schema": {"type": "object",
+                                     "properties": {"path": {"type": "string", "description": _text(r, 8)},
+                                                    "limit": {"type": "integer"}},
+                                     "required": ["path"]}})
+    return out
+
+
+def _iso(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def planted_logs(out: Path, seed: int = 0, sessions: int = 3, turns: int = 5) -> dict:
+    """Write ``planted.jsonl`` and ``clean.jsonl`` (paired line by line) into ``out``;
+    return {line_no: (tenant, turn)}."""
+    r = random.Random(seed)
+    base_tools = _tools(r)
+    names = ["Alice Martin", "Bob Okafor", "Chen Wei", "Dana Kowalski"]
+    planted, clean, tenants = [], [], {}
+    t0 = 1_763_000_000.0
+    for ti, tenant in enumerate(CAUSE_OF_TENANT):
+        cause = CAUSE_OF_TENANT[tenant]
+        t = t_start = t0 + ti * 7200.0
+        system_body = "\n\n".join(_text(r, 70) for _ in range(4))  # one application per tenant
+        for s in range(sessions):
+            session = f"{tenant}-s{s}"
+            user = f"{tenant}-u{s}"
+            hist: list[dict] = [{"role": "user", "content": _text(r, r.randint(30, 60))}]
+            prev_hist = None
+            order = list(range(len(base_tools)))
+            for turn in range(turns):
+                t += r.uniform(20, 60)
+                tools_p = [dict(x) for x in base_tools]
+                tools_c = [dict(x) for x in base_tools]
+                sys_p = [{"type": "text", "text": system_body}]
+                sys_c = [{"type": "text", "text": system_body}]
+                hist_c = hist
+                if cause == "rotating_header":
+                    sys_p.insert(0, {"type": "text", "text": f"x-anthropic-billing-header: cc_version=1.0.9; "
+                                                              f"cch={r.getrandbits(20):05x};"})
+                    sys_c.insert(0, {"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0.9; cch=00000;"})
+                elif cause == "timestamp":
+                    sys_p[0] = {"type": "text", "text": f"Current time: {_iso(t)}\n" + system_body}
+                    sys_c[0] = {"type": "text", "text": f"Current time: {_iso(t0)}\n" + system_body}
+                elif cause == "volatile_id":
+                    head, tail = system_body.split("\n\n", 1)
+                    sys_p[0] = {"type": "text", "text": f"{head}\n\nRequest-Id: {uuid.UUID(int=r.getrandbits(128))}\n\n{tail}"}
+                    sys_c[0] = {"type": "text", "text": f"{head}\n\nRequest-Id: {uuid.UUID(int=0)}\n\n{tail}"}
+                elif cause == "per_user_data":
+                    sys_p[0] = {"type": "text", "text": f"You are talking to {names[s % 4]} (user u-{1000 + s}).\n" + system_body}
+                    sys_c[0] = {"type": "text", "text": "You are talking to the user (user u-0000).\n" + system_body}
+                elif cause == "tool_order":
+                    r.shuffle(order)
+                    tools_p = [tools_p[i] for i in order]
+                elif cause == "tool_schema_change":
+                    version = int((t - t_start) // 150)  # an MCP server restart every 150 s
+                    tools_p[-1] = dict(tools_p[-1], description=f"[server v{version}] " + tools_p[-1]["description"])
+                    tools_c[-1] = dict(tools_c[-1], description="[server v0] " + tools_c[-1]["description"])
+                elif cause == "json_key_order":
+                    keys = ["name", "description", "input_schema"]
+                    r.shuffle(keys)
+                    tools_p = [{k: x[k] for k in keys} for x in tools_p]
+                elif cause == "history_rewrite" and turn == 3:
+                    prev_hist = [dict(m) for m in hist]
+                    hist[1] = dict(hist[1], content="[truncated]")  # an old assistant reply, persistently
+                    hist_c = prev_hist
+                body_p = {"model": "m", "system": sys_p, "tools": tools_p, "messages": list(hist),
+                          "metadata": {"user_id": user}}
+                body_c = {"model": "m", "system": sys_c, "tools": tools_c, "messages": list(hist_c),
+                          "metadata": {"user_id": user}}
+                for dst, body in ((planted, body_p), (clean, body_c)):
+                    dst.append({"timestamp": t, "tenant": tenant, "session": session, "request": body})
+                tenants[len(planted)] = (tenant, turn)
+                hist = hist + [{"role": "assistant", "content": _text(r, r.randint(20, 50))},
+                               {"role": "user", "content": _text(r, r.randint(10, 40))}]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("planted", planted), ("clean", clean)):
+        (out / f"{name}.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
+    return tenants
+
+
+def _global_L(con) -> dict[int, int]:
+    pipeline.prepare(con, modes=("global",))
+    rows = con.execute("""SELECT r.line_no, coalesce(list_max(w.depths), 0) FROM walks w
+                          JOIN requests r USING (request_id)
+                          WHERE w.mode = 'global' AND w.variant = 'prompt'""").fetchall()
+    return dict(rows)
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("planted")
+    tenants = planted_logs(d, seed=7)
+    con = db.connect(None)
+    pipeline.ingest(con, [d / "planted.jsonl"])
+    clean = db.connect(None)
+    pipeline.ingest(clean, [d / "clean.jsonl"])
+    Lp, Lc = _global_L(con), _global_L(clean)
+    truth = {}
+    for line, (tenant, turn) in tenants.items():
+        cause = CAUSE_OF_TENANT[tenant]
+        if cause == "history_rewrite":
+            # the clean twin's history is longer than the rewritten one, so the twin
+            # does not measure this loss: the truth is the re-sent part of the history,
+            # from the divergence to this turn's two new messages
+            loss = _offset_of_new_turn(con, line) - Lp[line] if turn == 3 else 0
+        else:
+            loss = Lc[line] - Lp[line]
+        truth[line] = (cause, loss)
+    return con, truth, d
+
+
+def _offset_of_new_turn(con, line: int) -> int:
+    """Token offset of the first of the turn's two new messages (assistant reply, user)."""
+    body, parts, segs = con.execute("""SELECT r.body, p.seg_parts, p.seg_ids FROM requests r
+                                       JOIN prompts p USING (request_id) WHERE r.line_no = ?""",
+                                    [line]).fetchone()
+    n_msgs = len(json.loads(body)["messages"])
+    sizes = dict(con.execute("SELECT seg_id, n_tokens FROM segments").fetchall())
+    first_new = 2 + n_msgs - 2
+    return sum(sizes[s] for s, p in zip(segs, parts) if p < first_new)
+
+
+def _by_line(con, df: pl.DataFrame) -> dict[int, dict]:
+    lines = dict(con.execute("SELECT request_id, line_no FROM requests").fetchall())
+    return {lines[r["request_id"]]: r for r in df.to_dicts()}
+
+
+def _check_additive(df: pl.DataFrame) -> None:
+    total = df.select(pl.sum_horizontal(list(PARTS)).alias("s"), "prompt_tokens")
+    assert (total["s"] == total["prompt_tokens"]).all()
+    for p in PARTS:
+        assert (df[p] >= 0).all(), p
+
+
+def test_planted_causes_found_with_their_token_losses(planted):
+    con, truth, _ = planted
+    df = miss_parts(con, ttl=math.inf, block=1, min_prefix=0, stream="global")
+    _check_additive(df)
+    diag = _by_line(con, df)
+    figures = {}
+    for cause in [c for c in CAUSE_OF_TENANT.values() if c]:
+        affected = [ln for ln, (c, loss) in truth.items() if c == cause and loss > 0]
+        assert affected, cause
+        found = sum(diag[ln]["cause"] == cause for ln in affected)
+        true_tokens = sum(truth[ln][1] for ln in affected)
+        got_tokens = sum(r["premature"] for r in diag.values() if r["cause"] == cause)
+        figures[cause] = (found / len(affected), got_tokens / true_tokens - 1)
+        assert found >= 0.9 * len(affected), (cause, found, len(affected))
+        assert abs(got_tokens - true_tokens) <= 0.10 * true_tokens, (cause, got_tokens, true_tokens)
+    unaffected = [ln for ln, (c, loss) in truth.items() if loss <= 0]
+    blamed = [ln for ln in unaffected if diag[ln]["cause"] is not None]
+    assert len(blamed) < 0.05 * len(unaffected), blamed
+    print(figures)
+
+
+@pytest.mark.parametrize("ttl,block,m,stream", [(300, 16, 0, "tenant"), (30, 64, 1024, "session"),
+                                                (math.inf, 1, 0, "key"), (45, 7, 100, "global")])
+def test_parts_add_up_exactly(planted, ttl, block, m, stream):
+    con, _, _ = planted
+    df = miss_parts(con, ttl=ttl, block=block, min_prefix=m, stream=stream)
+    _check_additive(df)
+    assert len(df) == con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    # the structural parts follow the walks and the sweep
+    from replay.sweep import Grid, sweep
+
+    s = sweep(con, Grid(ttls=(ttl,), blocks=(block,), min_prefixes=(m,), streams=(stream,)), store=False)
+    assert int(df["hit"].sum()) == s["hit_tokens"][0]
+
+
+def test_ttl_expired_reports_idle_gaps(planted):
+    con, _, _ = planted
+    df = miss_parts(con, ttl=30, block=1, min_prefix=0, stream="session")
+    exp = df.filter(pl.col("ttl_expired") > 0)
+    assert len(exp) > 0
+    assert (exp["idle_gap_s"] > 30).all()
+    assert df.filter(pl.col("ttl_expired") == 0)["idle_gap_s"].null_count() == \
+        len(df.filter(pl.col("ttl_expired") == 0))
+
+
+def test_diagnose_json_shape_and_masking(planted):
+    con, _, _ = planted
+    res = diagnose(con, ttl=300, block=16, min_prefix=0, stream="tenant", examples=2)
+    assert set(res) == {"causes", "by_stream", "examples"}
+    for c in res["causes"]:
+        assert {"cause", "requests", "tokens_lost", "share_of_prompt_tokens"} <= set(c)
+    assert [c["tokens_lost"] for c in res["causes"]] == sorted((c["tokens_lost"] for c in res["causes"]),
+                                                               reverse=True)
+    got = {c["cause"] for c in res["causes"]}
+    assert {"rotating_header", "timestamp", "volatile_id", "tool_order", "json_key_order",
+            "tool_schema_change", "history_rewrite"} <= got
+    # by_stream parts add up to each stream's prompt tokens
+    for s in res["by_stream"]:
+        assert sum(s[p] for p in PARTS) == s["prompt_tokens"]
+    blob = json.dumps(res)
+    assert "billing" not in blob and "Alice" not in blob and "Request-Id" not in blob
+    shown = json.dumps(diagnose(con, stream="tenant", show_text=True, examples=2))
+    assert "cch" in shown or "billing" in shown
+
+
+def test_diff_view_masks_text(planted):
+    con, _, _ = planted
+    masked = diff_view(con, "t_rh-s0")
+    assert "system" in masked and "billing" not in masked and "⟨" in masked
+    assert "rotating_header" in masked
+    shown = diff_view(con, "session:t_rh-s0", show_text=True)
+    assert "cch=" in shown
+    ok = diff_view(con, "t_ok-s0", index=2)
+    assert "prefix of the later" in ok
+
+
+def test_why_miss_section(planted, tmp_path):
+    con, _, _ = planted
+    md = why_miss_section(con, tmp_path, fixes=("strip-rotating-header", "sort-tools"))
+    assert md.startswith("## Why requests miss")
+    assert "rotating_header" in md and "strip-rotating-header" in md and "ceiling after each fix" in md
+
+
+def test_synth_truth_recall_and_false_blame(tmp_path):
+    synth = pytest.importorskip("replay.synth")
+    res = synth.generate(tmp_path / "s", seed=3, scale=1.0)
+    con = db.connect(None)
+    pipeline.ingest(con, [p for p in res.files.values()])
+    df = miss_parts(con, ttl=300, block=16, min_prefix=0, stream="tenant")
+    _check_additive(df)
+    key = {(Path(p).name, ln): rid for rid, p, ln in con.execute(
+        "SELECT r.request_id, s.path, r.line_no FROM requests r JOIN sources s USING (source_id)").fetchall()}
+    diag = {r["request_id"]: r for r in df.to_dicts()}
+    hits: dict[str, list[int]] = {}
+    clean = blamed = 0
+    for line in res.truth.read_text().splitlines():
+        t = json.loads(line)
+        d = diag[key[(t["file"], t["line"])]]
+        named = {d["cause"]} | set((d["also"] or "").split(","))
+        if t["causes"]:
+            c0 = t["causes"][0]
+            hits.setdefault(c0, []).append(c0 in named)
+        elif not t["first_in_session"]:
+            clean += 1
+            blamed += d["cause"] is not None
+    for cause, xs in hits.items():
+        assert sum(xs) >= 0.9 * len(xs), (cause, sum(xs), len(xs))
+    assert blamed < 0.05 * max(clean, 1)
