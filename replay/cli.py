@@ -252,9 +252,10 @@ def _extra_sections(prices=None, price_model=None):
     """Sections other features contribute to the report."""
     from . import economics
 
-    from . import diagnose
+    from . import diagnose, validate
 
     return [lambda con, out: diagnose.why_miss_section(con, out),
+            lambda con, out: validate.validation_section(con, out),
             lambda con, out: economics.savings_section(con, out, price_model=price_model, prices_path=prices)]
 
 
@@ -299,6 +300,52 @@ def synth(out, seed, scale):
 
     res = s.generate(out, seed=seed, scale=scale)
     click.echo(f"wrote {res}", err=True)
+
+
+@main.command()
+@click.argument("logs", nargs=-1)
+@db_option
+@ingest_options
+@click.option("--sample", default=40, show_default=True, help="Requests to replay (whole streams, time order).")
+@click.option("--model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Your MLX model directory (default: a small random-weight model built once, cached).")
+@click.option("--prompt-cache-size", type=int, default=10, show_default=True,
+              help="mlx-lm server prompt-cache entries (small enough that eviction happens).")
+@click.option("--prompt-cache-bytes", type=int, default=None, help="mlx-lm prompt-cache byte budget instead.")
+@click.option("--max-prompt-tokens", type=int, default=8000, show_default=True,
+              help="Skip prompts longer than this, so a CPU run takes minutes, not hours.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, help="Seconds per request.")
+@click.option("--port", type=int, default=None, help="Server port on 127.0.0.1 (default: a free one).")
+@click.option("--no-cold-pass", is_flag=True, help="Skip the cold pass that measures seconds saved.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, prompt_cache_size,
+             prompt_cache_bytes, max_prompt_tokens, seed, timeout_s, port, no_cold_pass, as_json):
+    """Check the predictions against the real MLX engine (mlx-lm's server).
+
+    Starts `mlx_lm.server` on 127.0.0.1, replays a sample with max_tokens=1,
+    and compares reported cached tokens and prefill times with the mlx-lm
+    profile's prediction. The server is always stopped, also on error or Ctrl-C.
+    """
+    from . import validate as val
+
+    con = db.connect(db_path)
+    if logs:
+        _ingest(con, logs, fmt, fields, time_unit, quiet=as_json)
+    if con.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 0:
+        raise click.ClickException(f"{db_path} holds no requests: give log files to ingest")
+    pipeline.prepare(con, modes=("global",), tokenizer=tokenizer, progress=not as_json)
+    res = val.validate(con, sample, model=model, prompt_cache_size=None if prompt_cache_bytes else prompt_cache_size,
+                       prompt_cache_bytes=prompt_cache_bytes, max_prompt_tokens=max_prompt_tokens, seed=seed,
+                       timeout_s=timeout_s, port=port, cold_pass=not no_cold_pass, progress=not as_json)
+    val.store_result(con, res)
+    if as_json:
+        click.echo(json.dumps(res, default=float))
+    else:
+        for line in val.summary_lines(res):
+            click.echo(line)
+    if res.get("error"):
+        raise SystemExit(1)
 
 
 def _register_feature_commands() -> None:
