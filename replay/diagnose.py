@@ -593,7 +593,8 @@ def _classify(con, pending, also=()) -> None:
         chunk = ids[start:start + 2000]
         q = ",".join(str(int(x)) for x in chunk)
         for rid, body, fmt in con.execute(
-                f"SELECT request_id, body, format FROM requests WHERE request_id IN ({q})").fetchall():
+                f"SELECT r.request_id, b.body, r.format FROM requests r JOIN request_bodies b USING (request_id) "
+                f"WHERE r.request_id IN ({q})").fetchall():
             try:
                 bodies[rid] = (json.loads(body), fmt)
             except (TypeError, ValueError):
@@ -836,8 +837,9 @@ def diff_view(con, stream_or_session: str, index: int | None = None, show_text: 
     else:
         where.append("(session = ? OR tenant = ? OR prompt_cache_key = ?)")
         params += [s, s, s]
-    rows = con.execute(f"""SELECT request_id, ts, format, body FROM requests
-                           WHERE {' AND '.join(where)} AND body IS NOT NULL
+    rows = con.execute(f"""SELECT r.request_id, r.ts, r.format, b.body
+                           FROM requests r JOIN request_bodies b USING (request_id)
+                           WHERE {' AND '.join(where)} AND b.body IS NOT NULL
                            ORDER BY ts, request_id""", params).fetchall()
     if len(rows) < 2:
         return f"{s}: fewer than two requests with a body"

@@ -67,6 +67,9 @@ class Reject(Exception):
 class Options:
     fields: dict[str, str] = field(default_factory=dict)
     time_unit: str | None = None
+    # ingest stores bodies as content-addressed blobs: converters then hand over
+    # the parsed body (row["body_obj"]) instead of serializing it (row["body"])
+    split_body: bool = False
 
 
 def normalize_fields(fields: dict[str, str] | None) -> dict[str, str]:
@@ -476,7 +479,10 @@ def convert_chat(rec: dict, fmt: str, opts: Options) -> dict:
         if model is None and isinstance(response, dict):
             model = response.get("model")
         row["model"] = _as_str(model, "model")
-    row["body"] = dumps(body)
+    if opts.split_body:
+        row["body_obj"] = body
+    else:
+        row["body"] = dumps(body)
     out = None
     if isinstance(response, dict):
         if isinstance(response.get("choices"), list) and response["choices"]:
@@ -600,18 +606,23 @@ def convert_trajectory(doc: Any, stem: str, opts: Options) -> Iterator[tuple[int
     session = _as_str(doc.get("instance_id"), "instance_id") or stem
     prefix = '{"tools":' + dumps([BASH_TOOL]) + ',"messages":['
     ser: list[str] = []
+    objs: list[Any] = []
     turn = 0
     for i, m in enumerate(msgs):
         if isinstance(m, dict) and m.get("role") == "assistant":
             turn += 1
             try:
-                yield turn, _trajectory_row(m, prefix, ser, session, opts)
+                yield turn, _trajectory_row(m, prefix, ser, session, opts, objs)
             except Reject as r:
                 yield turn, r
-        ser.append(dumps(_strip_extra(m)))
+        if opts.split_body:
+            objs.append(_strip_extra(m))
+        else:
+            ser.append(dumps(_strip_extra(m)))
 
 
-def _trajectory_row(m: dict, prefix: str, ser: list[str], session: str, opts: Options) -> dict:
+def _trajectory_row(m: dict, prefix: str, ser: list[str], session: str, opts: Options,
+                    objs: list | None = None) -> dict:
     extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
     resp = extra.get("response") if isinstance(extra.get("response"), dict) else {}
     if resp.get("created") is not None:
@@ -625,8 +636,11 @@ def _trajectory_row(m: dict, prefix: str, ser: list[str], session: str, opts: Op
         "tenant": "default",
         "session": session,
         "model": _as_str(resp.get("model"), "extra.response.model"),
-        "body": prefix + ",".join(ser) + "]}",
         "output": dumps(_strip_extra(m)),
     }
+    if opts.split_body:
+        row["body_obj"] = {"tools": [BASH_TOOL], "messages": list(objs or ())}
+    else:
+        row["body"] = prefix + ",".join(ser) + "]}"
     row.update(usage_row(resp.get("usage"), prefer_deepseek=True))
     return row

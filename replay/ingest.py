@@ -22,9 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+
+try:  # optional: about 5x faster parsing and hashing; results are identical without it
+    import orjson
+except ImportError:  # pragma: no cover
+    orjson = None
 
 from .formats import (
     FORMATS,
@@ -32,6 +38,7 @@ from .formats import (
     Options,
     Reject,
     convert_record,
+    dumps,
     convert_trajectory,
     detect_record,
     normalize_fields,
@@ -43,6 +50,10 @@ __all__ = ["IngestSummary", "ingest", "summary_text", "expand_paths"]
 INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
 COMPRESSION_SUFFIXES = (".gz", ".zst")
 BATCH_ROWS = 5000
+# Store chat bodies as content-addressed blobs (requests.body_blobs) rather than
+# whole (requests.body). Off by default only until every reader of bodies reads
+# the `request_bodies` view (see docs/architecture.md); bench/ turns it on.
+DEFAULT_BODY_BLOBS = True
 BATCH_BYTES = 64 << 20  # also flush when the buffered bodies/outputs reach this size
 DETECT_LOOKAHEAD = 100  # parseable records examined when the first ones are ambiguous
 
@@ -68,7 +79,9 @@ REQUEST_SCHEMA = pa.schema([
     ("usage_cached_tokens", pa.int64()),
     ("usage_cache_write_tokens", pa.int64()),
     ("usage_output_tokens", pa.int64()),
+    ("body_blobs", pa.list_(pa.uint64())),
 ])
+BLOB_SCHEMA = pa.schema([("blob_id", pa.uint64()), ("kind", pa.string()), ("text", pa.string())])
 REJECT_SCHEMA = pa.schema([
     ("source_id", pa.int64()),
     ("path", pa.string()),
@@ -203,13 +216,25 @@ def _describe_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[:200]}" if msg else type(e).__name__
 
 
-def _parse_line(raw: bytes) -> Any:
+class _Slow:
+    """Marks a record parsed by the standard library (orjson refused it): its body
+    parts are then keyed by the standard serializer, never by orjson's."""
+
+
+def _parse_line(raw: bytes, slow: set | None = None, line_no: int = 0) -> Any:
     """Parsed JSON of one line, or a Reject."""
     s = raw.strip()
     if not s:
         return Reject("blank_line", "empty line")
     if s.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
         s = s[3:]
+    if orjson is not None:
+        try:
+            return orjson.loads(s)
+        except (orjson.JSONDecodeError, RecursionError):
+            pass  # NaN, huge integers, lone surrogates, invalid: the standard parser decides
+    if slow is not None:
+        slow.add(line_no)
     try:
         return json.loads(s.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -220,9 +245,9 @@ def _parse_line(raw: bytes) -> Any:
         return Reject("malformed_json", f"invalid JSON ({type(e).__name__})")
 
 
-def _iter_jsonl(fh: Iterable[bytes]) -> Iterator[tuple[int, Any]]:
+def _iter_jsonl(fh: Iterable[bytes], slow: set | None = None) -> Iterator[tuple[int, Any]]:
     for i, raw in enumerate(fh, 1):
-        yield i, _parse_line(raw)
+        yield i, _parse_line(raw, slow, i)
 
 
 def _iter_parquet(src: Any) -> Iterator[tuple[int, Any]]:
@@ -253,26 +278,180 @@ def _traj_stem(path: str) -> str:
     return name
 
 
+# ----------------------------------------------------------------- body blobs
+
+class _Unsplittable(Exception):
+    pass
+
+
+def _blob_id(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def _text(obj: Any) -> str:
+    """formats.dumps, refusing values whose JSON is not UTF-8 encodable (dumps would
+    then escape the *whole* body as ASCII, which parts cannot reproduce)."""
+    s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False,
+                   default=dumps.__globals__["_json_default"])
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _Unsplittable from None
+    return s
+
+
+class _Blobs:
+    """Splits request bodies into content-addressed blobs (see docs/architecture.md).
+
+    A body ``{"k1": v1, "tools": [t1, t2], "system": s, "messages": [m1, m2], ...}``
+    becomes the blob list ``[glue '{"k1":v1,"tools":[', tool t1, glue ',', tool t2,
+    glue '],"system":', system s, glue ',"messages":[', message m1, glue ',',
+    message m2, glue ']...}']`` whose texts concatenate to exactly ``formats.dumps(body)``.
+    Each tool definition, system value and message is stored once however many
+    requests repeat it (an agent resends its whole conversation every turn).
+    Blob ids: first 8 bytes of blake2b over kind + serialization (orjson's for
+    records orjson parsed, prefixed ``o``; the standard one's, prefixed ``s``).
+    """
+
+    def __init__(self, known: set[int]):
+        self.known = known
+        self._reset()
+        self.file_flushed: list[int] = []
+
+    def _reset(self) -> None:
+        self.ids: list[int] = []
+        self.kinds: list[str] = []
+        self.texts: list[str] = []
+        self.bytes = 0
+
+    def _add(self, bid: int, kind: str, text: str) -> None:
+        self.known.add(bid)
+        self.ids.append(bid)
+        self.kinds.append(kind)
+        self.texts.append(text)
+        self.bytes += len(text)
+
+    def _glue(self, text: str) -> int:
+        bid = _blob_id(b"glue\0" + text.encode("utf-8"))
+        if bid not in self.known:
+            self._add(bid, "glue", text)
+        return bid
+
+    def _part(self, kind: str, obj: Any, fast: bool, memo: dict | None) -> int:
+        if memo is not None:
+            hit = memo.get(id(obj))
+            if hit is not None and hit[0] is obj:
+                return hit[1]
+        text = None
+        if fast:
+            try:
+                key = b"o" + orjson.dumps(obj)
+            except (TypeError, orjson.JSONEncodeError):
+                fast = False
+        if not fast:
+            text = _text(obj)
+            key = b"s" + text.encode("utf-8")
+        bid = _blob_id(kind.encode("ascii") + b"\0" + key)
+        if bid not in self.known:
+            self._add(bid, kind, text if text is not None else _text(obj))
+        if memo is not None:
+            memo[id(obj)] = (obj, bid)
+        return bid
+
+    def split(self, body: Any, fast: bool, memo: dict | None = None) -> list[int] | None:
+        """Blob ids of ``body`` in order, or None when it keeps the inline form."""
+        if not isinstance(body, dict):
+            return None
+        msgs, tools = body.get("messages"), body.get("tools")
+        if not isinstance(msgs, list) or not (tools is None or isinstance(tools, list)):
+            return None
+        if body.get("system") is None and "instructions" in body:
+            return None
+        fast = fast and orjson is not None
+        n_before = len(self.ids)
+        ids: list[int] = []
+        glue: list[str] = []
+        try:
+            for i, (k, v) in enumerate(body.items()):
+                if not isinstance(k, str):
+                    raise _Unsplittable
+                glue.append(("{" if i == 0 else ",") + _text(k) + ":")
+                if k in ("tools", "messages") and isinstance(v, list):
+                    kind = "tool" if k == "tools" else "message"
+                    glue.append("[")
+                    for j, item in enumerate(v):
+                        if j:
+                            glue.append(",")
+                        ids.append(self._glue("".join(glue)))
+                        glue = []
+                        ids.append(self._part(kind, item, fast, memo))
+                    glue.append("]")
+                elif k == "system":
+                    ids.append(self._glue("".join(glue)))
+                    glue = []
+                    ids.append(self._part("system", v, fast, memo))
+                else:
+                    glue.append(_text(v))
+            if not body:
+                glue.append("{")
+            glue.append("}")
+            ids.append(self._glue("".join(glue)))
+        except _Unsplittable:
+            for bid in self.ids[n_before:]:  # drop what this body added
+                self.known.discard(bid)
+            del self.ids[n_before:], self.kinds[n_before:], self.texts[n_before:]
+            return None
+        return ids
+
+    def table(self) -> pa.Table:
+        return pa.table({"blob_id": pa.array(np.array(self.ids, dtype=np.uint64), pa.uint64()),
+                         "kind": pa.array(self.kinds, pa.string()),
+                         "text": pa.array(self.texts, pa.string())}, schema=BLOB_SCHEMA)
+
+    def flushed(self) -> None:
+        self.file_flushed.extend(self.ids)
+        self._reset()
+
+    def discard(self, whole_file: bool) -> None:
+        """Forget pending blobs (and, after a rollback, this file's flushed ones)."""
+        for bid in self.ids:
+            self.known.discard(bid)
+        if whole_file:
+            for bid in self.file_flushed:
+                self.known.discard(bid)
+        self._reset()
+
+
 # ----------------------------------------------------------------- writing
 
 class _Writer:
     """Buffers request/reject rows and inserts them into DuckDB as Arrow batches."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, batch_rows: int = BATCH_ROWS):
+    def __init__(self, con: duckdb.DuckDBPyConnection, batch_rows: int = BATCH_ROWS,
+                 blobs: _Blobs | None = None):
         self.con = con
         self.batch_rows = batch_rows
+        self.blobs = blobs
         self.req: dict[str, list] = {n: [] for n in REQUEST_SCHEMA.names}
         self.rej: dict[str, list] = {n: [] for n in REJECT_SCHEMA.names}
         self.n_req = 0
         self.n_rej = 0
         self.req_bytes = 0
 
-    def request(self, ids: dict, row: dict) -> None:
+    def request(self, ids: dict, row: dict, fast: bool = False, memo: dict | None = None) -> None:
+        if "body_obj" in row:
+            body = row.pop("body_obj")
+            bids = self.blobs.split(body, fast, memo) if self.blobs is not None else None
+            if bids is None:
+                row["body"] = dumps(body)
+            else:
+                row["body_blobs"] = bids
         for n, col in self.req.items():
             col.append(ids[n] if n in ids else row.get(n))
         self.n_req += 1
         self.req_bytes += len(row.get("body") or "") + len(row.get("output") or "")
-        if self.n_req >= self.batch_rows or self.req_bytes >= BATCH_BYTES:
+        blob_bytes = self.blobs.bytes if self.blobs is not None else 0
+        if self.n_req >= self.batch_rows or self.req_bytes + blob_bytes >= BATCH_BYTES:
             self._flush_requests()
 
     def reject(self, source_id: int | None, path: str, line_no: int | None, reason: str, detail: str) -> None:
@@ -286,8 +465,8 @@ class _Writer:
         if self.n_rej >= self.batch_rows:
             self._flush_rejects()
 
-    def _insert(self, table: str, cols: dict[str, list], schema: pa.Schema) -> None:
-        tbl = pa.Table.from_pydict(cols, schema=schema)
+    def _insert(self, table: str, cols, schema: pa.Schema) -> None:
+        tbl = cols if isinstance(cols, pa.Table) else pa.Table.from_pydict(cols, schema=schema)
         names = ", ".join(schema.names)
         self.con.register("__replay_ingest_batch", tbl)
         try:
@@ -296,6 +475,9 @@ class _Writer:
             self.con.unregister("__replay_ingest_batch")
 
     def _flush_requests(self) -> None:
+        if self.blobs is not None and self.blobs.ids:
+            self._insert("blobs", self.blobs.table(), BLOB_SCHEMA)
+            self.blobs.flushed()
         if self.n_req:
             self._insert("requests", self.req, REQUEST_SCHEMA)
             self.req = {n: [] for n in REQUEST_SCHEMA.names}
@@ -311,7 +493,9 @@ class _Writer:
         self._flush_requests()
         self._flush_rejects()
 
-    def discard(self) -> None:
+    def discard(self, whole_file: bool = False) -> None:
+        if self.blobs is not None:
+            self.blobs.discard(whole_file)
         self.req = {n: [] for n in REQUEST_SCHEMA.names}
         self.rej = {n: [] for n in REJECT_SCHEMA.names}
         self.n_req = self.n_rej = self.req_bytes = 0
@@ -339,6 +523,9 @@ class _FileIngest:
         self.opts = opts
         self.pbar = pbar
         self.stats = _FileStats(format=forced)
+        self.slow: set[int] = set()  # JSONL lines the standard parser had to read
+        self.kind = ""
+        self.memo: dict | None = None  # identity memo of body parts (trajectories)
 
     # -- counting
     def _reject(self, line_no: int | None, r: Reject) -> None:
@@ -353,7 +540,8 @@ class _FileIngest:
         self.stats.loaded += 1
         ids = {"request_id": self.next_id, "source_id": self.sid, "line_no": line_no, "format": fmt}
         self.next_id += 1
-        self.w.request(ids, row)
+        fast = self.kind == "jsonl" and line_no not in self.slow
+        self.w.request(ids, row, fast, self.memo)
         self._tick()
 
     def _tick(self) -> None:
@@ -362,7 +550,7 @@ class _FileIngest:
 
     # -- driving
     def run(self) -> _FileStats:
-        kind = _file_kind(self.path, self.forced)
+        kind = self.kind = _file_kind(self.path, self.forced)
         with _open_binary(self.path) as fh:
             if kind == "document":
                 self._document(_read_all(fh))
@@ -373,7 +561,7 @@ class _FileIngest:
                 src: Any = self.path if _is_plain(fh) else pa.BufferReader(_read_all(fh))
                 self._records(_guard(_iter_parquet(src)))
             else:
-                self._records(_guard(_iter_jsonl(fh)))
+                self._records(_guard(_iter_jsonl(fh, self.slow)))
         return self.stats
 
     def _records(self, units: Iterator[tuple[int, Any]]) -> None:
@@ -439,6 +627,7 @@ class _FileIngest:
 
     def _trajectory(self, doc: Any) -> None:
         self.stats.format = "trajectory"
+        self.memo = {}  # the turns share their message objects: key each once
         try:
             units = list(convert_trajectory(doc, _traj_stem(self.path), self.opts))
         except Reject as r:
@@ -483,6 +672,7 @@ def ingest(
     fields: dict[str, str] | None = None,
     time_unit: str | None = None,
     progress: bool = False,
+    body_blobs: bool | None = None,
 ) -> IngestSummary:
     """Load request logs into `requests` / `rejects` / `sources`.
 
@@ -490,12 +680,18 @@ def ingest(
     `fields` maps timestamp/tenant/prompt_cache_key/session/user_id/model to a
     dotted path in the record; `time_unit` ('s', 'ms', 'us') fixes the unit of
     numeric timestamps (else automatic; mooncake defaults to ms).
+    `body_blobs` True stores chat bodies as content-addressed `blobs`
+    (`requests.body_blobs`); False stores each whole body in `requests.body`;
+    None (default) follows DEFAULT_BODY_BLOBS.
+    Either way the `request_bodies` view gives the same body text.
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
     if time_unit is not None and time_unit not in TIME_UNITS:
         raise ValueError(f"unknown time unit {time_unit!r}; expected one of {', '.join(TIME_UNITS)}")
-    opts = Options(fields=normalize_fields(fields), time_unit=time_unit)
+    if body_blobs is None:
+        body_blobs = DEFAULT_BODY_BLOBS
+    opts = Options(fields=normalize_fields(fields), time_unit=time_unit, split_body=body_blobs)
     files = expand_paths([paths] if isinstance(paths, (str, os.PathLike)) else paths)
     # A cursor is a second connection to the same database with its own
     # transaction state, so each file can commit alone even if the caller's
@@ -507,7 +703,11 @@ def ingest(
     next_id = con.execute("SELECT coalesce(max(request_id), 0) + 1 FROM requests").fetchone()[0]
 
     summary = IngestSummary()
-    writer = _Writer(con)
+    blobs = None
+    if body_blobs:
+        known_blobs = con.execute("SELECT blob_id FROM blobs").fetchnumpy()["blob_id"]
+        blobs = _Blobs(set(known_blobs.tolist()))
+    writer = _Writer(con, blobs=blobs)
     fbar = lbar = None
     if progress:
         from tqdm import tqdm
@@ -530,6 +730,8 @@ def ingest(
                 _tick(fbar)
                 continue
             sid = next_sid
+            if blobs is not None:
+                blobs.file_flushed = []
             con.begin()
             try:
                 job = _FileIngest(writer, path, sid, next_id, format, opts, lbar)
@@ -552,7 +754,7 @@ def ingest(
                 )
                 con.commit()
             except BaseException:
-                writer.discard()
+                writer.discard(whole_file=True)
                 con.rollback()
                 raise
             known.add(sha)

@@ -656,9 +656,9 @@ def _cache_controls(body: dict) -> list:
 def _anthropic_inputs(con, prof: Profile, default_ttl: float) -> tuple[list[SimRequest], dict]:
     reqs = _sim_requests(con, with_output=False)
     tbl = _arrow(con, """
-        SELECT r.request_id, r.format, r.body,
+        SELECT r.request_id, r.format, b.body,
                p.seg_ids
-        FROM requests r JOIN prompts p USING (request_id)""")
+        FROM requests r JOIN prompts p USING (request_id) JOIN request_bodies b USING (request_id)""")
     seg_n = {r["seg_id"]: r["n_tokens"] for r in _arrow(con, "SELECT seg_id, n_tokens FROM segments").to_pylist()}
     auto = bool(int(prof.params.get("auto", 1)))
     layouts = {}

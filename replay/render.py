@@ -346,16 +346,13 @@ def _messages(body: dict) -> list:
     return msgs
 
 
-def _render(body: dict, fmt: str | None = None) -> _Renderer:
-    r = _Renderer()
-    r.marker("bos", 0)
-    for tool in body.get("tools") or ():
-        r.marker("tool_def", 0)
-        r.text(compact_json(_strip_cc(tool) if isinstance(tool, dict) else tool), 0)
-        r.mark_break(tool)
-    system = body.get("system")
-    if system is None:
-        system = body.get("instructions")
+def _tool(r: _Renderer, tool: Any) -> None:
+    r.marker("tool_def", 0)
+    r.text(compact_json(_strip_cc(tool) if isinstance(tool, dict) else tool), 0)
+    r.mark_break(tool)
+
+
+def _system(r: _Renderer, system: Any) -> None:
     if isinstance(system, str):
         if system:
             r.marker("system", 1)
@@ -371,11 +368,43 @@ def _render(body: dict, fmt: str | None = None) -> _Renderer:
     elif isinstance(system, dict):
         r.marker("system", 1)
         r.block(system, 1)
+
+
+def _render(body: dict, fmt: str | None = None) -> _Renderer:
+    r = _Renderer()
+    r.marker("bos", 0)
+    for tool in body.get("tools") or ():
+        _tool(r, tool)
+    system = body.get("system")
+    if system is None:
+        system = body.get("instructions")
+    _system(r, system)
     msgs = _messages(body)
     for k, msg in enumerate(msgs):
         r.message(msg, 2 + k)
     r.marker("assistant", 2 + len(msgs))
     return r
+
+
+def render_part(kind: str, obj: Any, part: int = 2) -> list[Piece]:
+    """The pieces of one part of a request body, exactly as :func:`render_request`
+    renders it inside the whole body: ``kind`` ``"tool"`` (one tool definition),
+    ``"system"`` (the whole ``system`` value) or ``"message"`` (one element of
+    ``messages``, rendered with ``part``). The whole prompt is ``bos`` + the tools'
+    pieces + the system's + each message's (part ``2 + k``) + ``assistant`` (part
+    ``2 + n``) — what the tokenize stage assembles from content-addressed body
+    blobs without re-rendering a conversation every turn.
+    """
+    r = _Renderer()
+    if kind == "tool":
+        _tool(r, obj)
+    elif kind == "system":
+        _system(r, obj)
+    elif kind == "message":
+        r.message(obj, part)
+    else:
+        raise ValueError(f"unknown body part kind {kind!r}")
+    return r.pieces
 
 
 def render_request(body: dict, fmt: str = "anthropic") -> list[Piece]:

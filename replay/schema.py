@@ -36,7 +36,14 @@ TABLES: dict[str, str] = {
             usage_prompt_tokens BIGINT,
             usage_cached_tokens BIGINT,
             usage_cache_write_tokens BIGINT,
-            usage_output_tokens BIGINT
+            usage_output_tokens BIGINT,
+            body_blobs UBIGINT[]
+        )""",
+    "blobs": """
+        CREATE TABLE IF NOT EXISTS blobs (
+            blob_id UBIGINT PRIMARY KEY,
+            kind VARCHAR NOT NULL,
+            text VARCHAR NOT NULL
         )""",
     "rejects": """
         CREATE TABLE IF NOT EXISTS rejects (
@@ -93,6 +100,26 @@ TABLES: dict[str, str] = {
 }
 
 
+# A request's body as compact JSON, whichever way ingest stored it: inline in
+# `requests.body`, or as content-addressed `blobs` listed in `requests.body_blobs`
+# (concatenating their texts in order gives exactly the inline text). One row per
+# request; NULL for formats without a body (tokens, mooncake). Readers of bodies
+# use this view, never `requests.body` directly.
+REQUEST_BODIES_VIEW = """
+    CREATE OR REPLACE VIEW request_bodies AS
+    SELECT request_id, body FROM requests WHERE body IS NOT NULL OR body_blobs IS NULL
+    UNION ALL
+    SELECT e.request_id, string_agg(b.text, '' ORDER BY e.i) AS body
+    FROM (SELECT request_id, unnest(body_blobs) AS blob_id,
+                 unnest(generate_series(1, len(body_blobs))) AS i
+          FROM requests WHERE body IS NULL AND body_blobs IS NOT NULL) e
+    JOIN blobs b USING (blob_id)
+    GROUP BY e.request_id"""
+
+
 def create_all(con) -> None:
     for ddl in TABLES.values():
         con.execute(ddl)
+    # additive migration of databases made before body blobs existed
+    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS body_blobs UBIGINT[]")
+    con.execute(REQUEST_BODIES_VIEW)

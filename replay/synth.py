@@ -606,8 +606,11 @@ class _Gaps:
 
 
 class Synth:
-    def __init__(self, seed: int, scale: float, t0: float, window: float):
+    def __init__(self, seed: int, scale: float, t0: float, window: float,
+                 turns: float | None = None, chat_share: float = 1.0):
         self.seed = seed
+        self.turns_median = 4.5 if turns is None else float(turns)
+        self.chat_share = chat_share
         self.scale = scale
         self.t0 = t0
         self.window = window
@@ -978,14 +981,15 @@ class Synth:
             if i >= len(_PLANS):  # later rounds: other tenants' projects, same causes
                 plan = Plan(plan.fmt, plan.tenant, plan.cause, list(plan.subs), plan.key_mode,
                             plan.project + (i // len(_PLANS)))
-            n = max(5, min(60, int(round(self.np.lognormal(math.log(4.5), 0.3)))))
+            n = max(5, min(60, int(round(self.np.lognormal(math.log(self.turns_median), 0.3)))))
             if plan.cause in ("tool_schema_change", "history_rewrite"):
                 n = max(n, 9)
             n = max(n, 2 + 2 * len(plan.subs))
             # simulate at relative time, then shift into the window
             start = self._start_time(3 * 3600.0)
             self.agent_session(plan, "agent", start, n, plan.cause, sub_causes=plan.subs)
-        self.chat(max(2, int(round(20 * self.scale))))
+        if self.chat_share > 0:
+            self.chat(max(2, int(round(20 * self.scale * self.chat_share))))
 
 
 # ============================================================================ truth & usage
@@ -1124,7 +1128,8 @@ def _parse_start(start: str | float | datetime) -> float:
 def generate(out_dir: str | Path, seed: int = 0, scale: float = 1.0,
              formats: tuple[str, ...] | list[str] = ("anthropic", "openai"),
              start: str | float | datetime = "2026-11-16T00:00:00Z", days: float = 7,
-             hours: float | None = None, compress: str | None = None) -> SynthResult:
+             hours: float | None = None, compress: str | None = None,
+             turns: float | None = None, chat_share: float = 1.0) -> SynthResult:
     """Write synthetic logs + ``_truth.jsonl`` into ``out_dir``; deterministic by ``seed``.
 
     ``scale`` multiplies the number of sessions and chat users (1.0 ≈ 400+
@@ -1134,6 +1139,12 @@ def generate(out_dir: str | Path, seed: int = 0, scale: float = 1.0,
     overrides ``days`` as the window length. ``compress``: None, ``"gzip"``
     (``.jsonl.gz``, mtime 0) or ``"zstd"`` (``.jsonl.zst``); ``_truth.jsonl``
     is never compressed.
+
+    Traffic-shape options (defaults reproduce the shipped sample byte for byte):
+    ``turns`` — median model calls of a main agent session (default 4.5; capped
+    to 5–60; the benchmarks use ~30 for long coding-agent sessions whose prompts
+    grow turn after turn); ``chat_share`` — multiplies the number of chat-app
+    users (0 drops the chat app).
     """
     if scale <= 0:
         raise ValueError("scale must be > 0")
@@ -1146,7 +1157,8 @@ def generate(out_dir: str | Path, seed: int = 0, scale: float = 1.0,
     window = (hours if hours is not None else days * 24.0) * 3600.0
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    s = Synth(int(seed), float(scale), _parse_start(start), window)
+    s = Synth(int(seed), float(scale), _parse_start(start), window, turns=turns,
+              chat_share=float(chat_share))
     s.run()
     reqs = [q for q in s.reqs if FILES[q.file] in fmts]
     _finish(reqs, int(seed))

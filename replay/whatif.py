@@ -258,7 +258,10 @@ def normalized_copy(con, fixes, tokenizer=None):
 
     fns = [parse_fix(f) if isinstance(f, str) else f for f in fixes]
     out = db.connect(None)
-    req = db.arrow(con, "SELECT * FROM requests ORDER BY request_id")
+    # bodies inline in the copy (however the original stored them), normalized below
+    req = db.arrow(con, """SELECT r.* REPLACE (b.body AS body, NULL::UBIGINT[] AS body_blobs)
+                           FROM requests r LEFT JOIN request_bodies b USING (request_id)
+                           ORDER BY r.request_id""")
     bodies = req.column("body").to_pylist()
     new = []
     for b in bodies:

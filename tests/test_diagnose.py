@@ -166,8 +166,9 @@ def planted(tmp_path_factory):
 
 def _offset_of_new_turn(con, line: int) -> int:
     """Token offset of the first of the turn's two new messages (assistant reply, user)."""
-    body, parts, segs = con.execute("""SELECT r.body, p.seg_parts, p.seg_ids FROM requests r
-                                       JOIN prompts p USING (request_id) WHERE r.line_no = ?""",
+    body, parts, segs = con.execute("""SELECT b.body, p.seg_parts, p.seg_ids FROM requests r
+                                       JOIN prompts p USING (request_id) JOIN request_bodies b USING (request_id)
+                                       WHERE r.line_no = ?""",
                                     [line]).fetchone()
     n_msgs = len(json.loads(body)["messages"])
     sizes = dict(con.execute("SELECT seg_id, n_tokens FROM segments").fetchall())

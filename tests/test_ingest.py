@@ -112,7 +112,7 @@ def test_anthropic_wrapped(con, tmp_path):
     row = con.execute(
         "SELECT request_id, line_no, format, ts, tenant, session, user_id, model, body, output, "
         "usage_prompt_tokens, usage_cached_tokens, usage_cache_write_tokens, usage_output_tokens, "
-        "prompt_cache_key FROM requests ORDER BY request_id").fetchall()
+        "prompt_cache_key FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests ORDER BY request_id").fetchall()
     r = row[0]
     assert r[:8] == (1, 1, "anthropic", 1700000000.0, "acme", "s1", "u-42", "claude-sonnet-4")
     body = json.loads(r[8])
@@ -136,7 +136,7 @@ def test_anthropic_flat(con, tmp_path):
     s = ingest(con, [str(p)])
     assert s.loaded == 1
     r = con.execute("SELECT format, ts, tenant, session, body, output, usage_prompt_tokens, "
-                    "usage_cached_tokens, usage_output_tokens FROM requests").fetchone()
+                    "usage_cached_tokens, usage_output_tokens FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests").fetchone()
     assert r[0] == "anthropic"
     assert r[1] == datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc).timestamp()
     assert r[2:4] == ("o9", "sess")
@@ -166,7 +166,7 @@ def test_openai_flat_deepseek_usage(con, tmp_path):
     p = write_jsonl(tmp_path / "o.jsonl", [rec])
     ingest(con, [str(p)])
     r = con.execute("SELECT format, ts, tenant, user_id, prompt_cache_key, body, usage_cached_tokens "
-                    "FROM requests").fetchone()
+                    "FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests").fetchone()
     assert r[0] == "openai"
     assert r[1] == pytest.approx(1700000000.123)
     # in a flat OpenAI record `user` is the body's end-user field, not the tenant
@@ -191,7 +191,7 @@ def test_tokens_format(con, tmp_path):
     check_reconciles(con, s)
     assert (s.loaded, s.rejected) == (2, 4)
     rows = con.execute("SELECT ts, tenant, prompt_cache_key, session, tokens, output_tokens, body "
-                       "FROM requests ORDER BY request_id").fetchall()
+                       "FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests ORDER BY request_id").fetchall()
     assert rows[0] == (10.0, "t1", "k1", "s", [1, 2, 3], [4, 5], None)
     assert rows[1] == (11.5, "t2", None, None, [], None, None)
     rej = rejects(con)
@@ -243,7 +243,7 @@ def test_trajectory_real_file(con):
     assert s.loaded == len(assistant) > 0 and s.rejected == 0
     check_reconciles(con, s)
     rows = con.execute("SELECT line_no, format, ts, tenant, session, model, body, output, usage_prompt_tokens, "
-                       "usage_cached_tokens, usage_output_tokens FROM requests ORDER BY request_id").fetchall()
+                       "usage_cached_tokens, usage_output_tokens FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests ORDER BY request_id").fetchall()
     assert [r[0] for r in rows] == list(range(1, len(assistant) + 1))
     for (line_no, fmt, ts, tenant, session, model, body, output, up, uc, uo), i in zip(rows, assistant):
         resp = msgs[i]["extra"]["response"]
@@ -280,7 +280,7 @@ def test_trajectory_synthetic(con, tmp_path):
     s = ingest(con, [str(tmp_path)])
     check_reconciles(con, s)
     assert (s.files, s.loaded, s.rejected) == (3, 1, 2)
-    r = con.execute("SELECT line_no, ts, session, usage_cached_tokens, body FROM requests").fetchone()
+    r = con.execute("SELECT line_no, ts, session, usage_cached_tokens, body FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests").fetchone()
     assert r[:4] == (1, 1700000000.5, "inst-1", 64)
     assert [m["content"] for m in json.loads(r[4])["messages"]] == ["s", "task"]
     assert rejects(con) == [

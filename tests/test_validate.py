@@ -102,7 +102,7 @@ def test_chat_template_renders_the_neutral_template(model_dir):
     tok = load_tokenizer(__import__("pathlib").Path(model_dir))
     rt = replay_tok()
     con = synthetic_db(turns=3)
-    for (body,) in con.execute("SELECT body FROM requests").fetchall():
+    for (body,) in con.execute("SELECT body FROM request_bodies").fetchall():
         pieces = render_request(json.loads(body), "anthropic")
         from replay.render import render_text
         ours = rt.encode(render_text(pieces))

@@ -1,0 +1,250 @@
+"""Benchmark: the real pipeline on agent-like traffic, against a naive baseline.
+
+    python bench/pipeline.py --requests 3000 --json     # one JSON object
+    python bench/pipeline.py --week --json              # ≈200,000 requests over 7 days
+    python bench/pipeline.py --scaling --json           # same rate over 1× and 4× the duration
+
+Traffic comes from the sample generator (``replay.synth.generate``) with long
+coding-agent sessions (``--turns``, median model calls per main session) and a
+small chat app (``--chat-share``), one generator call per day (seed + day), so a
+longer duration at the same rate is simply more days. Generation runs in its own
+process before anything is measured; the pipeline and the naive baseline each
+run in a fresh process too, so each ``peak_rss`` is that stage's own.
+
+The pipeline is the package's real stages (ingest → tokenize → replay → sweep)
+on a DuckDB file, with a grid of 6 finite TTLs × 5 block sizes × 2 minimum
+prefixes × 4 stream modes = 240 configurations; the replay horizon is the largest
+TTL, so trie state older than that is pruned. The naive baseline (``naive.py``)
+tokenizes every full prompt and walks every block of every prompt through a plain
+dict; its sweep must equal the pipeline's (``results_identical``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+TTLS = (60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0)
+BLOCKS = (1, 16, 64, 128, 512)
+MIN_PREFIXES = (0, 1024)
+STREAMS = ("tenant", "key", "session", "global")
+WEEK_REQUESTS = 200_000
+WEEK_RATE = WEEK_REQUESTS / 7.0  # requests per day of the --week preset
+START = datetime(2026, 11, 16, tzinfo=timezone.utc)  # a Monday
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+# ------------------------------------------------------------------ stages (each in its own process)
+
+def stage_generate(out: str, requests: int, days: float, seed: int, turns: float,
+                   chat_share: float) -> dict:
+    """Write ~``requests`` over ``days`` days (one generator call per day) into ``out``."""
+    from replay.synth import generate
+
+    t0 = time.perf_counter()
+    n_days = max(1, math.ceil(days - 1e-9))
+    per_day = requests / days
+    # calibrate: requests of one day at scale 1 (deterministic)
+    probe = generate(Path(out) / "_probe", seed=seed, scale=1.0, days=1, turns=turns,
+                     chat_share=chat_share).requests
+    shutil.rmtree(Path(out) / "_probe")
+    total = 0
+    nbytes = 0
+    for d in range(n_days):
+        frac = min(1.0, days - d)
+        scale = per_day * frac / probe
+        res = generate(Path(out) / f"day{d:03d}", seed=seed * 1000 + d, scale=scale,
+                       start=(START + timedelta(days=d)).isoformat(), hours=24.0 * frac,
+                       turns=turns, chat_share=chat_share)
+        (Path(out) / f"day{d:03d}" / "_truth.jsonl").unlink()
+        total += res.requests
+        nbytes += sum(p.stat().st_size for p in res.files.values())
+    return {"requests": total, "log_bytes": nbytes, "days": days, "seconds": time.perf_counter() - t0}
+
+
+def _grid(ttls=TTLS):
+    from replay.sweep import Grid
+
+    return Grid(ttls=tuple(ttls), blocks=BLOCKS, min_prefixes=MIN_PREFIXES, streams=STREAMS)
+
+
+def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
+    """The real stages through the package API, timed one by one."""
+    import replay.ingest
+    from replay import db, pipeline
+    from replay.replay import replay_stage
+
+    from replay.sweep import sweep
+    from replay.tokenize import load_tokenizer, tokenize_stage
+
+    grid = _grid(ttls)
+    horizon = max(t for t in grid.ttls)
+    con = db.connect(dbfile)
+    before = replay.ingest.DEFAULT_BODY_BLOBS
+    replay.ingest.DEFAULT_BODY_BLOBS = True  # content-addressed bodies (see bench/README.md)
+    try:
+        t0 = time.perf_counter()
+        ing = pipeline.ingest(con, [logs])
+        t1 = time.perf_counter()
+    finally:
+        replay.ingest.DEFAULT_BODY_BLOBS = before
+    tok = tokenize_stage(con, load_tokenizer())
+    t2 = time.perf_counter()
+    rep = replay_stage(con, modes=STREAMS, horizon=horizon)
+    t3 = time.perf_counter()
+    df = sweep(con, grid)
+    t4 = time.perf_counter()
+    ov = pipeline.overview(con)
+    con.close()
+    rows = df.select(["stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens",
+                      "hit_tokens", "requests_hit"]).to_dicts()
+    return {
+        "requests": ing.loaded, "rejected": ing.rejected,
+        "logical_prompt_tokens": ov["logical_prompt_tokens"],
+        "unique_content_tokens": ov["unique_content_tokens"],
+        "unique_segments": ov["unique_segments"],
+        "ingest_s": t1 - t0, "tokenize_s": t2 - t1, "replay_s": t3 - t2, "sweep_s": t4 - t3,
+        "pipeline_s": t4 - t0, "configs": grid.size, "trie_nodes": rep.trie_nodes,
+        "db_mb": os.path.getsize(dbfile) / 1e6,
+        "peak_rss_mb": _peak_rss_mb(), "rows": rows,
+    }
+
+
+def stage_naive(logs: str, ttls=TTLS) -> dict:
+    import naive
+
+    res = naive.run([logs], ttls, BLOCKS, MIN_PREFIXES, STREAMS)
+    res["peak_rss_mb"] = _peak_rss_mb()
+    return res
+
+
+def _sub(stage: str, **kw) -> dict:
+    """Run one stage in a fresh interpreter; return its JSON result."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_stage", stage, "--_args", json.dumps(kw)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"stage {stage} failed (exit {proc.returncode})")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------ comparisons
+
+def _key(r):
+    return (r["stream"], math.inf if r["ttl_s"] is None else r["ttl_s"], r["block"], r["min_prefix"])
+
+
+def same_results(a: list[dict], b: list[dict]) -> bool:
+    cols = ("requests", "prompt_tokens", "hit_tokens", "requests_hit")
+    da = {_key(r): tuple(int(r[c]) for c in cols) for r in a}
+    db_ = {_key(r): tuple(int(r[c]) for c in cols) for r in b}
+    return da == db_
+
+
+def one_run(requests: int, days: float, seed: int, turns: float, chat_share: float,
+            naive: bool, workdir: Path, keep: bool) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    logs = workdir / "logs"
+    dbfile = workdir / "replay.duckdb"
+    if dbfile.exists():
+        dbfile.unlink()
+    gen = None
+    if not (logs.exists() and keep):
+        if logs.exists():
+            shutil.rmtree(logs)
+        gen = _sub("generate", out=str(logs), requests=requests, days=days, seed=seed, turns=turns,
+                   chat_share=chat_share)
+    pipe = _sub("pipeline", logs=str(logs), dbfile=str(dbfile))
+    out = {k: v for k, v in pipe.items() if k != "rows"}
+    total = pipe["pipeline_s"]
+    out["logical_tokens_per_s"] = pipe["logical_prompt_tokens"] / total if total > 0 else None
+    out["sweep_share_of_replay"] = pipe["sweep_s"] / pipe["replay_s"] if pipe["replay_s"] > 0 else None
+    out["days"] = days
+    out["traffic"] = {"turns": turns, "chat_share": chat_share, "seed": seed}
+    if gen is not None:
+        out["log_bytes"] = gen["log_bytes"]
+        out["generate_s"] = gen["seconds"]
+    if naive:
+        nv = _sub("naive", logs=str(logs))
+        out["naive_s"] = nv["seconds"]["total"]
+        out["naive_stages_s"] = nv["seconds"]
+        out["naive_peak_rss_mb"] = nv["peak_rss_mb"]
+        out["speedup_vs_naive"] = nv["seconds"]["total"] / total
+        out["results_identical"] = (same_results(pipe["rows"], nv["rows"])
+                                    and nv["logical_prompt_tokens"] == pipe["logical_prompt_tokens"])
+    else:
+        out["naive_s"] = out["speedup_vs_naive"] = out["results_identical"] = None
+    if not keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=3000, help="about this many requests (default 3000)")
+    ap.add_argument("--days", type=float, default=None,
+                    help="duration in days (default: the --week preset's rate, at least 1 day)")
+    ap.add_argument("--week", action="store_true", help=f"preset: ≈{WEEK_REQUESTS:,} requests over 7 days")
+    ap.add_argument("--scaling", action="store_true",
+                    help="run 1× and 4× the duration at the same rate and report the ratios")
+    ap.add_argument("--turns", type=float, default=30.0, help="median model calls per main agent session")
+    ap.add_argument("--chat-share", type=float, default=0.2, help="chat-app users, relative to the sample mix")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--naive", dest="naive", action="store_true", default=None,
+                    help="run the naive baseline (default: on, except for --week and --scaling)")
+    ap.add_argument("--no-naive", dest="naive", action="store_false")
+    ap.add_argument("--workdir", default=None, help="where logs and the DuckDB file go (default: a temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep (and reuse) the generated logs")
+    ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    ap.add_argument("--_stage", help=argparse.SUPPRESS)
+    ap.add_argument("--_args", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a._stage:
+        kw = json.loads(a._args)
+        fn = {"generate": stage_generate, "pipeline": stage_pipeline, "naive": stage_naive}[a._stage]
+        print(json.dumps(fn(**kw)))
+        return 0
+
+    requests = WEEK_REQUESTS if a.week else a.requests
+    days = a.days if a.days is not None else (7.0 if a.week else max(1.0, round(requests / WEEK_RATE, 3)))
+    naive = a.naive if a.naive is not None else not (a.week or a.scaling)
+    base = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="replay-bench-"))
+    if a.scaling:
+        r1 = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base / "x1", a.keep)
+        r4 = one_run(4 * requests, 4 * days, a.seed, a.turns, a.chat_share, naive, base / "x4", a.keep)
+        out = {"x1": r1, "x4": r4,
+               "requests_ratio": r4["requests"] / r1["requests"],
+               "peak_rss_ratio": r4["peak_rss_mb"] / r1["peak_rss_mb"],
+               "wall_ratio": r4["pipeline_s"] / r1["pipeline_s"],
+               "replay_wall_ratio": r4["replay_s"] / r1["replay_s"]}
+    else:
+        out = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base, a.keep)
+    if not a.keep and not a.workdir:
+        shutil.rmtree(base, ignore_errors=True)
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Body blobs (ingest) and the per-blob tokenize path give exactly the old answers.
+
+The old path stores each whole body in `requests.body` and renders it whole;
+the fast path stores content-addressed blobs and renders each blob once. Bodies
+(through the `request_bodies` view) and prompts (segments, parts, token counts)
+must be identical.
+"""
+
+import glob
+import json
+from pathlib import Path
+
+import pytest
+
+from replay import db
+from replay.ingest import ingest
+from replay.synth import generate
+from replay.tokenize import load_prompt_tokens, load_tokenizer, tokenize_stage
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAJ = sorted(glob.glob("/work/shared/data/mini-swe-agent-deepseek/*/*.traj.json*")) or sorted(
+    glob.glob(str(ROOT.parent / "shared/data/mini-swe-agent-deepseek/*/*.traj.json*")))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+def _load(paths, blobs: bool, tok):
+    con = db.connect(None)
+    s = ingest(con, paths, body_blobs=blobs)
+    tokenize_stage(con, tok)
+    bodies = dict(con.execute("SELECT request_id, body FROM request_bodies").fetchall())
+    prompts = {r[0]: r[1:] for r in con.execute(
+        "SELECT request_id, n_tokens, seg_ids, seg_parts, output_seg_ids, output_n_tokens FROM prompts"
+    ).fetchall()}
+    return con, s, bodies, prompts
+
+
+def _same(paths, tok):
+    con_a, sa, bodies_a, prompts_a = _load(paths, False, tok)
+    con_b, sb, bodies_b, prompts_b = _load(paths, True, tok)
+    assert (sa.loaded, sa.rejected) == (sb.loaded, sb.rejected)
+    assert bodies_a == bodies_b
+    assert prompts_a == prompts_b
+    return con_a, con_b
+
+
+def test_sample_blobs_equal_inline(tok):
+    con_a, con_b = _same([str(ROOT / "data/sample")], tok)
+    # blobs really are shared: far less body text stored than the inline bodies
+    inline = con_a.execute("SELECT sum(length(body)) FROM requests").fetchone()[0]
+    stored = con_b.execute("SELECT sum(length(text)) FROM blobs").fetchone()[0]
+    assert con_b.execute("SELECT count(*) FROM requests WHERE body IS NOT NULL").fetchone()[0] == 0
+    assert stored < inline / 3
+    ids = [r[0] for r in con_a.execute("SELECT request_id FROM requests ORDER BY 1 LIMIT 20").fetchall()]
+    a = load_prompt_tokens(con_a, ids, with_output=True)
+    b = load_prompt_tokens(con_b, ids, with_output=True)
+    assert all((a[i] == b[i]).all() for i in ids)
+
+
+def test_long_agent_sessions_blobs_equal_inline(tmp_path, tok):
+    generate(tmp_path, seed=3, scale=0.5, days=1, turns=20, chat_share=0.3)
+    _same([str(tmp_path)], tok)
+
+
+@pytest.mark.skipif(not TRAJ, reason="shared trajectories not present")
+def test_trajectories_blobs_equal_inline(tok):
+    _same(TRAJ[:3], tok)
+
+
+def test_edge_bodies_blobs_equal_inline(tmp_path, tok):
+    recs = [
+        # NaN: orjson refuses the line, the standard parser reads it
+        '{"timestamp": 1, "request": {"model": "m", "temperature": NaN, "messages": [{"role": "user", "content": "hi"}]}}',
+        # a lone surrogate: the whole body is ASCII-escaped, kept inline
+        '{"timestamp": 2, "request": {"messages": [{"role": "user", "content": "x\\ud800y"}]}}',
+        # responses-style instructions without system: kept inline
+        '{"timestamp": 3, "request": {"instructions": "be brief", "messages": [{"role": "user", "content": "a"}]}}',
+        # messages before tools, system as a list, non-ASCII, empty tools
+        json.dumps({"timestamp": 4, "request": {"messages": [{"role": "user", "content": "ü €"}],
+                    "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+                    "tools": [], "max_tokens": 5}}, ensure_ascii=False),
+        json.dumps({"timestamp": 5, "request": {"system": None, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "text", "text": "r"}]},
+            {"role": "assistant", "content": "s", "tool_calls": [{"id": "1", "type": "function",
+             "function": {"name": "f", "arguments": "{}"}}]}], "tools": [{"name": "f", "input_schema": {}}],
+            "big": 12345678901234567890123, "f": 1.5e300}}),
+        # the same conversation again: its messages are stored once
+        json.dumps({"timestamp": 6, "request": {"messages": [{"role": "user", "content": "ü €"}],
+                    "system": [{"type": "text", "text": "sys"}], "tools": [], "max_tokens": 5}},
+                   ensure_ascii=False),
+    ]
+    p = tmp_path / "edge.jsonl"
+    p.write_text("\n".join(recs) + "\n", encoding="utf-8")
+    q = tmp_path / "arr.json"
+    q.write_text(json.dumps([json.loads(recs[3]), json.loads(recs[4])]), encoding="utf-8")
+    con_a, con_b = _same([str(p), str(q)], tok)
+    n_inline = con_b.execute("SELECT count(*) FROM requests WHERE body IS NOT NULL").fetchone()[0]
+    assert n_inline == 2  # the surrogate and the instructions bodies
+
+
+def test_reingest_and_second_file_reuse_blobs(tmp_path, tok):
+    generate(tmp_path / "a", seed=4, scale=0.3, days=1, turns=10, chat_share=0.0)
+    con = db.connect(None)
+    ingest(con, [str(tmp_path / "a")], body_blobs=True)
+    n = con.execute("SELECT count(*) FROM blobs").fetchone()[0]
+    ingest(con, [str(tmp_path / "a")], body_blobs=True)  # skipped: same files
+    assert con.execute("SELECT count(*) FROM blobs").fetchone()[0] == n
+    # the same content under another name: no new blobs, new requests
+    for f in (tmp_path / "a").glob("agent-*.jsonl"):
+        (tmp_path / "b").mkdir(exist_ok=True)
+        (tmp_path / "b" / f.name).write_bytes(f.read_bytes() + b"\n")
+    ingest(con, [str(tmp_path / "b")], body_blobs=True)
+    assert con.execute("SELECT count(*) FROM blobs").fetchone()[0] == n
+    assert con.execute("SELECT count(*) FROM request_bodies WHERE body IS NULL").fetchone()[0] == 0
