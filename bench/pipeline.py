@@ -105,12 +105,16 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         t1 = time.perf_counter()
     finally:
         replay.ingest.DEFAULT_BODY_BLOBS = before
+    peak = {"ingest": _peak_rss_mb()}  # max RSS so far: which stage sets the peak
     tok = tokenize_stage(con, load_tokenizer())
     t2 = time.perf_counter()
+    peak["tokenize"] = _peak_rss_mb()
     rep = replay_stage(con, modes=STREAMS, horizon=horizon)
     t3 = time.perf_counter()
+    peak["replay"] = _peak_rss_mb()
     df = sweep(con, grid)
     t4 = time.perf_counter()
+    peak["sweep"] = _peak_rss_mb()
     ov = pipeline.overview(con)
     con.close()
     rows = df.select(["stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens",
@@ -123,7 +127,7 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         "ingest_s": t1 - t0, "tokenize_s": t2 - t1, "replay_s": t3 - t2, "sweep_s": t4 - t3,
         "pipeline_s": t4 - t0, "configs": grid.size, "trie_nodes": rep.trie_nodes,
         "db_mb": os.path.getsize(dbfile) / 1e6,
-        "peak_rss_mb": _peak_rss_mb(), "rows": rows,
+        "peak_rss_mb": _peak_rss_mb(), "peak_rss_after_stage_mb": peak, "rows": rows,
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import duckdb
@@ -21,6 +22,9 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
     else:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         con = duckdb.connect(str(path))
+    # DuckDB keeps up to 80 % of RAM as buffer cache by default; the stages stream,
+    # so a modest cap keeps the process's memory about the work, not the file size.
+    con.execute(f"SET memory_limit = '{os.environ.get('REPLAY_DUCKDB_MEMORY', '256MB')}'")
     schema.create_all(con)
     return con
 

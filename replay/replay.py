@@ -131,7 +131,18 @@ def replay_prompts(prompts, modes=MODES, variants=("prompt",), horizon: float = 
     (variant, mode), the list of (request_id, stream, ts, n_tokens, gaps, depths)."""
     tries: dict[tuple[str, str], dict[str, Trie]] = {(v, m): {} for v in variants for m in modes}
     out: dict[tuple[str, str], list] = {vm: [] for vm in tries}
+    last_sweep = -math.inf
     for p in prompts:
+        if horizon != math.inf and p.ts - last_sweep > horizon / 2:
+            # A trie prunes itself when walked; streams that went quiet (a finished
+            # session) are never walked again, so sweep them all now and then:
+            # memory then follows the TTL window, not the number of streams seen.
+            last_sweep = p.ts
+            for streams in tries.values():
+                for s in list(streams):
+                    streams[s].prune(p.ts)
+                    if not streams[s].root.children:
+                        del streams[s]
         for v in variants:
             insert = None
             if v == "prompt+output" and p.output is not None and len(p.output):

@@ -92,3 +92,14 @@ def test_block_trace_depths_are_tokens_with_a_partial_last_block():
     t.walk(a_sym, 0.0, cum=a_cum)
     assert t.walk(a_sym, 1.0, cum=a_cum) == [(1.0, 1124)]  # whole prompt, partial block too
     assert t.walk(b_sym, 2.0, cum=b_cum) == [(1.0, 1024)]  # ids stand for whole blocks
+
+
+def test_quiet_streams_are_swept_so_memory_follows_the_window():
+    # 200 sessions, each active for a moment and then never again
+    prompts = [Prompt(i, float(i * 10), "t", None, f"s{i}", np.arange(i, i + 50, dtype=np.int32), None, None, 50)
+               for i in range(200)]
+    res = replay_prompts(prompts, ("session",), ("prompt",), horizon=30)
+    # nodes count each trie's root: 2 per live session; only those of the last ~45 s remain
+    assert res["_nodes"]["prompt/session"] <= 2 * 5
+    full = replay_prompts(prompts, ("session",), ("prompt",))
+    assert full["_nodes"]["prompt/session"] == 2 * 200
