@@ -2,8 +2,8 @@
 
 No replay happens here. For each TTL, ``L_τ`` per request is the deepest step
 whose gap is within the TTL; the block and minimum-prefix rules are then plain
-arithmetic (semantics.md, "Blocks and minimum prefix"). It runs as one DuckDB
-query, so hundreds of configurations cost about as much as a handful.
+arithmetic (semantics.md, "Blocks and minimum prefix"), vectorised over all
+requests at once, so hundreds of configurations cost milliseconds.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ import math
 import re
 from dataclasses import dataclass, field
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 
 from . import db
 
@@ -63,19 +66,43 @@ def _values(name: str, col: str, typ: str, values) -> str:
     return f"{name}({col}) AS (SELECT CAST({col} AS {typ}) FROM (VALUES {rows}) v({col}))"
 
 
-def ceilings(con, grid: Grid, variant: str = "prompt") -> str:
-    """SQL (a CTE list) giving L per (mode, request, ttl) for the grid: relation `ceil`."""
+def ceiling_arrays(con, grid: Grid, variant: str = "prompt") -> dict[str, dict]:
+    """Per stream mode: the walks as arrays and ``L[ttl]`` per request.
+
+    Steps are stored gap-ascending with depth ascending, so ``L_τ`` of a request
+    is the depth of its last step with gap ≤ τ: count the qualifying steps per
+    request and index — no per-request Python, no join.
+    """
     modes = ", ".join(repr(m) for m in grid.streams)
-    return f"""
-    {_values('ttls', 'ttl', 'DOUBLE', grid.ttls)},
-    w AS (SELECT * FROM walks WHERE variant = {variant!r} AND mode IN ({modes})),
-    steps AS (SELECT mode, request_id, unnest(gaps) AS gap, unnest(depths) AS depth FROM w),
-    ceil AS (
-        SELECT w.mode, w.request_id, w.stream, w.ts, w.prompt_tokens, t.ttl,
-               coalesce(max(s.depth) FILTER (WHERE s.gap <= t.ttl), 0) AS L
-        FROM w CROSS JOIN ttls t
-        LEFT JOIN steps s ON s.mode = w.mode AND s.request_id = w.request_id
-        GROUP BY ALL)"""
+    tbl = db.arrow(con, f"""SELECT mode, stream, prompt_tokens, gaps, depths FROM walks
+                            WHERE variant = {variant!r} AND mode IN ({modes})""")
+    out = {}
+    for mode in grid.streams:
+        t = tbl.filter(pa.compute.equal(tbl.column("mode"), mode))
+        gaps = t.column("gaps").combine_chunks()
+        depths = t.column("depths").combine_chunks()
+        starts = gaps.offsets.to_numpy()[:-1].astype(np.int64) - int(gaps.offsets[0].as_py())
+        n = len(t)
+        g = gaps.flatten().to_numpy(zero_copy_only=False)
+        d = depths.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+        lengths = np.diff(np.append(starts, len(g)))
+        row = np.repeat(np.arange(n), lengths)
+        L = {}
+        for ttl in grid.ttls:
+            cnt = np.bincount(row[g <= ttl], minlength=n)
+            last = np.clip(starts + cnt - 1, 0, max(len(d) - 1, 0))
+            L[ttl] = np.where(cnt > 0, d[last] if len(d) else 0, 0)
+        out[mode] = {"stream": t.column("stream").to_numpy(zero_copy_only=False),
+                     "prompt_tokens": t.column("prompt_tokens").to_numpy().astype(np.int64), "L": L}
+    return out
+
+
+def block_hits(L: np.ndarray, block: int, min_prefix: int) -> np.ndarray:
+    """semantics.md: whole blocks only, and nothing below the minimum prefix."""
+    h = (L // block) * block
+    if min_prefix > 0:
+        h = np.where(h < min_prefix, 0, h)
+    return h
 
 
 def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = True,
@@ -83,43 +110,45 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     """Hit figures for every configuration of ``grid`` (the ``ideal`` contract).
 
     ``by_stream=True`` adds the stream column (one row per stream per configuration).
+    Computed from the stored walks with vectorised numpy — hundreds of
+    configurations cost milliseconds.
     """
     grid = grid or Grid()
     _check_walks(con, grid)
-    group = "c.mode, c.stream" if by_stream else "c.mode"
-    sql = f"""
-    WITH {ceilings(con, grid)},
-    {_values('blocks', 'block', 'BIGINT', grid.blocks)},
-    {_values('mins', 'min_prefix', 'BIGINT', grid.min_prefixes)},
-    hits AS (
-        SELECT c.*, b.block, m.min_prefix,
-               CASE WHEN (c.L // b.block) * b.block < m.min_prefix THEN 0
-                    ELSE (c.L // b.block) * b.block END AS hit
-        FROM ceil c CROSS JOIN blocks b CROSS JOIN mins m)
-    SELECT {group.replace('c.mode', 'c.mode AS stream_mode').replace('c.stream', 'c.stream AS stream_key')},
-           CASE WHEN c.ttl = 'infinity'::DOUBLE THEN NULL ELSE c.ttl END AS ttl_s,
-           c.block, c.min_prefix,
-           count(*) AS requests, sum(c.prompt_tokens)::BIGINT AS prompt_tokens,
-           sum(c.hit)::BIGINT AS hit_tokens,
-           count(*) FILTER (WHERE c.hit > 0) AS requests_hit
-    FROM hits c
-    GROUP BY ALL
-    """
-    df = pl.from_arrow(db.arrow(con, sql))
-    df = df.with_columns(
-        pl.when(pl.col("prompt_tokens") > 0)
-        .then(pl.col("hit_tokens") / pl.col("prompt_tokens"))
-        .otherwise(0.0).alias("hit_ratio"))
-    df = df.rename({"stream_mode": "stream"})
-    order = {m: i for i, m in enumerate(grid.streams)}
-    df = (df.with_columns(pl.col("stream").replace_strict(order, return_dtype=pl.Int32).alias("_o"),
-                          pl.col("ttl_s").fill_null(math.inf).alias("_t"))
-          .sort(["_o", "_t", "block", "min_prefix"] + (["stream_key"] if by_stream else []))
-          .drop(["_o", "_t"]))
+    rows = []
+    for mode, w in ceiling_arrays(con, grid).items():
+        n, pt = len(w["prompt_tokens"]), w["prompt_tokens"]
+        if by_stream:
+            keys, code = np.unique(w["stream"].astype(str), return_inverse=True)
+            req = np.bincount(code, minlength=len(keys))
+            ptk = np.bincount(code, weights=pt, minlength=len(keys)).astype(np.int64)
+        for ttl in grid.ttls:
+            for b in grid.blocks:
+                for m in grid.min_prefixes:
+                    h = block_hits(w["L"][ttl], b, m)
+                    base = {"stream": mode, "ttl_s": None if ttl == math.inf else float(ttl),
+                            "block": int(b), "min_prefix": int(m)}
+                    if not by_stream:
+                        rows.append({**base, "requests": n, "prompt_tokens": int(pt.sum()),
+                                     "hit_tokens": int(h.sum()), "requests_hit": int((h > 0).sum())})
+                        continue
+                    hit = np.bincount(code, weights=h, minlength=len(keys)).astype(np.int64)
+                    nhit = np.bincount(code, weights=(h > 0), minlength=len(keys)).astype(np.int64)
+                    for k in range(len(keys)):
+                        rows.append({**base, "stream_key": str(keys[k]), "requests": int(req[k]),
+                                     "prompt_tokens": int(ptk[k]), "hit_tokens": int(hit[k]),
+                                     "requests_hit": int(nhit[k])})
     cols = ["stream"] + (["stream_key"] if by_stream else []) + [
         "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit_ratio",
         "requests_hit"]
-    df = df.select(cols)
+    schema = {"stream": pl.String, "stream_key": pl.String, "ttl_s": pl.Float64, "block": pl.Int64,
+              "min_prefix": pl.Int64, "requests": pl.Int64, "prompt_tokens": pl.Int64,
+              "hit_tokens": pl.Int64, "requests_hit": pl.Int64}
+    df = pl.DataFrame(rows, schema={k: v for k, v in schema.items() if k in cols}, orient="row")
+    df = df.with_columns(
+        pl.when(pl.col("prompt_tokens") > 0)
+        .then(pl.col("hit_tokens") / pl.col("prompt_tokens"))
+        .otherwise(0.0).alias("hit_ratio")).select(cols)
     if store and not by_stream:
         con.execute("DELETE FROM results WHERE profile = ?", [profile])
         res = df.with_columns(pl.lit(profile).alias("profile")).select(["profile"] + cols).to_arrow()
