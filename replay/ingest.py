@@ -315,6 +315,7 @@ class _Blobs:
 
     def __init__(self, known: set[int]):
         self.known = known
+        self._glue_ids: dict[str, int] = {}
         self._reset()
         self.file_flushed: list[int] = []
 
@@ -332,7 +333,11 @@ class _Blobs:
         self.bytes += len(text)
 
     def _glue(self, text: str) -> int:
-        bid = _blob_id(b"glue\0" + text.encode("utf-8"))
+        bid = self._glue_ids.get(text)  # the same few separators and key runs, over and over
+        if bid is None:
+            bid = _blob_id(b"glue\0" + text.encode("utf-8"))
+            if len(self._glue_ids) < 100_000:
+                self._glue_ids[text] = bid
         if bid not in self.known:
             self._add(bid, "glue", text)
         return bid
