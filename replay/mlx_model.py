@@ -59,27 +59,10 @@ DEFAULT_SHAPE = {
 
 VERSION = 1  # bump when the files written here change
 
-_MARKERS_FALLBACK = {
-    "bos": "<｜begin▁of▁sentence｜>",
-    "eos": "<｜end▁of▁sentence｜>",
-    "tool_def": "<｜place▁holder▁no▁0｜>",
-    "system": "<｜place▁holder▁no▁1｜>",
-    "block": "<｜place▁holder▁no▁2｜>",
-    "image": "<｜place▁holder▁no▁3｜>",
-    "user": "<｜User｜>",
-    "assistant": "<｜Assistant｜>",
-    "tool_call": "<｜tool▁call▁begin｜>",
-    "tool_result": "<｜tool▁output▁begin｜>",
-    "think": "<think>",
-}
-
-
 def markers() -> dict[str, str]:
-    try:
-        from .render import MARKERS
-        return dict(MARKERS)
-    except ImportError:  # pragma: no cover - render is part of the package
-        return dict(_MARKERS_FALLBACK)
+    from .render import MARKERS
+
+    return dict(MARKERS)
 
 
 RAW_ROLE_PREFIX = "replay:"

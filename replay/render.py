@@ -301,6 +301,18 @@ class _Renderer:
             self.text(compact_json(_strip_cc(block)), part)
         self.mark_break(block)
 
+    def reply(self, msg: dict, part: int) -> None:
+        """An (openai-shaped) message's reasoning, content and tool calls."""
+        reasoning = msg.get("reasoning_content")
+        if isinstance(reasoning, str) and reasoning:
+            self.marker("think", part)
+            self.text(reasoning, part)
+        self.content(msg.get("content"), part)
+        for call in msg.get("tool_calls") or ():
+            self.marker("tool_call", part)
+            fn = call.get("function") if isinstance(call, dict) else None
+            self.text(compact_json(fn if fn is not None else call), part)
+
     def message(self, msg: Any, part: int) -> None:
         if not isinstance(msg, dict):
             self.marker("user", part)
@@ -315,15 +327,7 @@ class _Renderer:
             self.block(msg, part)
             return
         self.marker(_ROLE_MARKER.get(role, "user"), part)
-        reasoning = msg.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning:
-            self.marker("think", part)
-            self.text(reasoning, part)
-        self.content(msg.get("content"), part)
-        for call in msg.get("tool_calls") or ():
-            self.marker("tool_call", part)
-            fn = call.get("function") if isinstance(call, dict) else None
-            self.text(compact_json(fn if fn is not None else call), part)
+        self.reply(msg, part)
         fc = msg.get("function_call")  # legacy openai
         if isinstance(fc, dict):
             self.marker("tool_call", part)
@@ -440,15 +444,7 @@ def render_output(output: Any, fmt: str = "anthropic") -> list[Piece]:
     p = OUTPUT_PART
     if isinstance(output, dict) and ("role" in output or "tool_calls" in output
                                      or "reasoning_content" in output):
-        reasoning = output.get("reasoning_content")
-        if isinstance(reasoning, str) and reasoning:
-            r.marker("think", p)
-            r.text(reasoning, p)
-        r.content(output.get("content"), p)
-        for call in output.get("tool_calls") or ():
-            r.marker("tool_call", p)
-            fn = call.get("function") if isinstance(call, dict) else None
-            r.text(compact_json(fn if fn is not None else call), p)
+        r.reply(output, p)
     elif isinstance(output, dict) and "content" in output:
         r.content(output.get("content"), p)
     else:
