@@ -76,3 +76,26 @@ def test_sweep_with_empty_prompts_and_boundary_ties(tmp_path):
                and r["min_prefix"] == 0)
     assert row["hit_tokens"] == 40 + 40 + 0  # tie hit, boundary hit, the 17-token one expired
 
+
+
+def test_sweep_on_chat_logs_equals_oracle_over_their_tokens(tmp_path):
+    """Anthropic and OpenAI logs: after rendering and tokenizing, the sweep equals the
+    brute-force definition applied to the very token sequences the pipeline built."""
+    from replay import db, pipeline, synth
+    from replay.sweep import Grid
+    from replay.tokenize import load_prompt_tokens
+
+    synth.generate(tmp_path / "logs", seed=11, scale=0.5)
+    con = db.connect(tmp_path / "c.duckdb")
+    pipeline.ingest(con, [str(tmp_path / "logs")])
+    grid = Grid(ttls=(60, 300, 3600, math.inf), blocks=(1, 16, 64), min_prefixes=(0, 1024),
+                streams=("tenant", "key", "session", "global"))
+    got = pipeline.sweep(con, grid).to_dicts()
+    meta = con.execute("SELECT request_id, ts, tenant, prompt_cache_key, session FROM requests "
+                       "ORDER BY request_id").fetchall()
+    toks = load_prompt_tokens(con, [m[0] for m in meta])
+    reqs = [oracle.OracleRequest(ts=ts, tokens=toks[rid].tolist(), tenant=tenant, key=key, session=session)
+            for rid, ts, tenant, key, session in meta]
+    assert {f for (f,) in con.execute("SELECT DISTINCT format FROM requests").fetchall()} == {"anthropic", "openai"}
+    assert len(reqs) > 50 and sum(len(r.tokens) for r in reqs) > 100_000
+    _same(got, oracle.sweep(reqs, grid.streams, grid.ttls, grid.blocks, grid.min_prefixes))
