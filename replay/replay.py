@@ -93,15 +93,24 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 5_000) -> Iterator
     if missing:
         raise RuntimeError(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     out_col = "p.output_seg_ids" if with_output else "NULL"
-    cur = con.cursor().execute(f"""
-        SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
-               p.seg_ids, {out_col}, r.block_ids, r.input_length, r.output_length
-        FROM requests r LEFT JOIN prompts p USING (request_id)
-        ORDER BY r.ts, r.request_id""")
-    while True:
-        rows = cur.fetchmany(chunk)
-        if not rows:
-            break
+    # Sort only the keys; fetch the (large) token-id lists chunk by chunk in that
+    # order. Ids follow input order, which is close to time order in real logs, so
+    # each chunk reads a narrow id range (zone maps skip the rest) and memory stays
+    # bounded by the chunk, whatever the size of the log.
+    order = con.execute("SELECT request_id FROM requests ORDER BY ts, request_id").fetchnumpy()["request_id"]
+    for start in range(0, len(order), chunk):
+        ids = order[start:start + chunk]
+        lo, hi = int(ids.min()), int(ids.max())
+        narrow = hi - lo < 4 * len(ids)
+        where = f"r.request_id BETWEEN {lo} AND {hi}" if narrow else \
+            f"r.request_id IN ({','.join(map(str, ids.tolist()))})"
+        fetched = con.execute(f"""
+            SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
+                   p.seg_ids, {out_col}, r.block_ids, r.input_length, r.output_length
+            FROM requests r LEFT JOIN prompts p USING (request_id)
+            WHERE {where}""").fetchall()
+        by_id = {row[0]: row for row in fetched}
+        rows = [by_id[i] for i in ids.tolist()]
         for rid, ts, tenant, key, session, fmt, seg_ids, out_ids, block_ids, in_len, out_len in rows:
             output = None
             if fmt == "mooncake":

@@ -41,7 +41,7 @@ TABLES: dict[str, str] = {
         )""",
     "blobs": """
         CREATE TABLE IF NOT EXISTS blobs (
-            blob_id UBIGINT PRIMARY KEY,
+            blob_id UBIGINT NOT NULL,  -- unique by construction; no index (memory)
             kind VARCHAR NOT NULL,
             text VARCHAR NOT NULL
         )""",
@@ -55,7 +55,7 @@ TABLES: dict[str, str] = {
         )""",
     "segments": """
         CREATE TABLE IF NOT EXISTS segments (
-            seg_id UBIGINT PRIMARY KEY,
+            seg_id UBIGINT NOT NULL,  -- unique by construction; no index (memory)
             n_tokens INTEGER NOT NULL,
             tokens INTEGER[] NOT NULL
         )""",

@@ -115,3 +115,25 @@ def test_reingest_and_second_file_reuse_blobs(tmp_path, tok):
     ingest(con, [str(tmp_path / "b")], body_blobs=True)
     assert con.execute("SELECT count(*) FROM blobs").fetchone()[0] == n
     assert con.execute("SELECT count(*) FROM request_bodies WHERE body IS NULL").fetchone()[0] == 0
+
+
+def test_separate_runs_never_duplicate_blobs_or_segments(tmp_path):
+    """blobs/segments carry no index (memory): uniqueness is the code's job — check it
+    across separate connections and files that share almost all their content."""
+    from pathlib import Path
+
+    from replay import db, pipeline
+
+    src = Path(__file__).resolve().parents[1] / "data" / "sample" / "agent-anthropic.jsonl"
+    lines = src.read_text().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(lines[: len(lines) // 2 + 5]))
+    (tmp_path / "b.jsonl").write_text("".join(lines))          # overlaps a.jsonl, other bytes
+    for name in ("a.jsonl", "b.jsonl"):
+        con = db.connect(tmp_path / "u.duckdb")                  # a new run each time
+        pipeline.ingest(con, [str(tmp_path / name)])
+        pipeline.prepare(con, modes=("global",))
+        con.close()
+    con = db.connect(tmp_path / "u.duckdb")
+    for table, key in (("blobs", "blob_id"), ("segments", "seg_id")):
+        n, distinct = con.execute(f"SELECT count(*), count(DISTINCT {key}) FROM {table}").fetchall()[0]
+        assert n == distinct > 0
