@@ -84,7 +84,7 @@ class SegmentStore:
         return len(self._tokens)
 
 
-def iter_prompts(con, with_output: bool = False, chunk: int = 5_000) -> Iterator[Prompt]:
+def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator[Prompt]:
     """All requests in processing order (time, then input order), as symbol arrays."""
     segs = SegmentStore(con)
     missing = con.execute("""
@@ -104,24 +104,38 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 5_000) -> Iterator
         narrow = hi - lo < 4 * len(ids)
         where = f"r.request_id BETWEEN {lo} AND {hi}" if narrow else \
             f"r.request_id IN ({','.join(map(str, ids.tolist()))})"
-        fetched = con.execute(f"""
+        tbl = db.arrow(con, f"""
             SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
-                   p.seg_ids, {out_col}, r.block_ids, r.input_length, r.output_length
+                   p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length
             FROM requests r LEFT JOIN prompts p USING (request_id)
-            WHERE {where}""").fetchall()
-        by_id = {row[0]: row for row in fetched}
-        rows = [by_id[i] for i in ids.tolist()]
-        for rid, ts, tenant, key, session, fmt, seg_ids, out_ids, block_ids, in_len, out_len in rows:
+            WHERE {where}""")
+        # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
+        row_of = {rid: k for k, rid in enumerate(tbl.column("request_id").to_pylist())}
+        cols = {c: tbl.column(c).combine_chunks() for c in ("seg_ids", "output_seg_ids", "block_ids")}
+        meta = {c: tbl.column(c).to_pylist() for c in
+                ("ts", "tenant", "prompt_cache_key", "session", "format", "input_length")}
+        for rid in ids.tolist():
+            k = row_of[rid]
             output = None
-            if fmt == "mooncake":
-                symbols, cum = mooncake_symbols(block_ids or [], int(in_len or 0))
+            if meta["format"][k] == "mooncake":
+                symbols, cum = mooncake_symbols(_ids(cols["block_ids"], k), int(meta["input_length"][k] or 0))
                 n = int(cum[-1])
             else:
-                symbols, cum = segs.concat(seg_ids), None
+                symbols, cum = segs.concat(_ids(cols["seg_ids"], k)), None
                 n = len(symbols)
-                if out_ids:
+                out_ids = _ids(cols["output_seg_ids"], k)
+                if len(out_ids):
                     output = segs.concat(out_ids)
-            yield Prompt(rid, ts, tenant, key, session, symbols, cum, output, n)
+            yield Prompt(rid, meta["ts"][k], meta["tenant"][k], meta["prompt_cache_key"][k],
+                         meta["session"][k], symbols, cum, output, n)
+
+
+def _ids(col, k: int) -> list[int]:
+    """Row ``k`` of a list column as Python ints ([] for null)."""
+    if col.null_count and not col[k].is_valid:
+        return []
+    lo, hi = col.offsets[k].as_py(), col.offsets[k + 1].as_py()
+    return col.values[lo:hi].to_numpy(zero_copy_only=False).tolist()
 
 
 @dataclass
