@@ -24,7 +24,7 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(str(path))
     # DuckDB keeps up to 80 % of RAM as buffer cache by default; the stages stream,
     # so a modest cap keeps the process's memory about the work, not the file size.
-    con.execute(f"SET memory_limit = '{os.environ.get('REPLAY_DUCKDB_MEMORY', '256MB')}'")
+    con.execute(f"SET memory_limit = '{os.environ.get('REPLAY_DUCKDB_MEMORY', '128MB')}'")
     schema.create_all(con)
     return con
 
