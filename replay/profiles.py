@@ -78,6 +78,7 @@ import numpy as np
 import polars as pl
 
 from .sweep import Grid, _values
+from .trie import hit_length
 
 # ----------------------------------------------------------------------------- profile table
 
@@ -482,12 +483,7 @@ def _openai_sim(con, prof: Profile, grid: Grid, simulate: bool) -> pl.DataFrame:
     by_id = {r.request_id: p for r, p in zip(reqs, parts)}
     for rid, s, ts, n, gaps, depths in walks:
         for ttl in grid.ttls:
-            L = 0
-            for g, d in zip(gaps, depths):
-                if g <= ttl:
-                    L = d
-                else:
-                    break
+            L = hit_length(gaps, depths, ttl)
             rows.append(("org+key", rid, by_id[rid], ts, n, float(ttl), 1, min_t, openai_round(L, min_t, step)))
     return _rows(rows)
 
