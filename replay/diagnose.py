@@ -204,6 +204,22 @@ def _common_prefix(a: str, b: str) -> int:
     return i
 
 
+def line_causes(a: str, b: str, same_user: bool, is_message: bool) -> set[str]:
+    """Causes of *every* changed line between two versions of a text piece — not
+    only the first, which the divergence point is charged to: a chat app's user
+    line and its timestamp line can both differ from the previous request."""
+    import difflib
+
+    la, lb = a.split("\n"), b.split("\n")
+    out: set[str] = set()
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, la, lb, autojunk=False).get_opcodes():
+        if tag == "replace":
+            for x, y in zip(la[i1:i2], lb[j1:j2]):
+                out.add(classify_text(x, y, same_user, is_message)[0])
+    out.discard("other")
+    return out
+
+
 def classify_pieces(pieces_r: list, pieces_c: list, i: int, body_r: dict, body_c: dict,
                     same_user: bool, msg_kind: str) -> tuple[str | None, dict]:
     """Cause of the divergence at piece ``i`` (None: not premature — new content).
@@ -650,6 +666,13 @@ def _classify(con, pending, also=()) -> None:
         _, cause, _ = judge(r, c, i)
         if cause is not None:
             row.setdefault("_also", []).append(cause)
+    # further changed lines in the diverging system piece (secondary causes, no tokens)
+    for row, r, c, i, pot in list(pending) + list(also):
+        kind, _ = _part_label(r, i)
+        pr, pc = pieces(r.rid), pieces(c.rid)
+        if kind == "system" and i < len(pr) and i < len(pc) and pr[i][0] == pc[i][0] == "text" \
+                and row.get("cause") is not None:
+            row.setdefault("_also", []).extend(line_causes(pr[i][1], pc[i][1], r.user == c.user, False))
 
 
 def miss_parts(con, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
@@ -707,7 +730,10 @@ def diagnose(con, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
     ``causes``: every loss — the structural ones (block_rounding, below_minimum,
     ttl_expired — with the idle gaps that caused it —, stream_split) and the
     premature-divergence causes — as ``{"cause", "requests", "tokens_lost",
-    "share_of_prompt_tokens"}``, ranked by tokens lost. ``by_stream``: per
+    "share_of_prompt_tokens"}``, ranked by tokens lost. For a divergence cause,
+    ``requests`` counts every request that differs from its predecessor by it and
+    ``requests_charged`` those whose lost tokens are charged to it (the first
+    divergence), so ``tokens_lost`` stays an exact, additive split. ``by_stream``: per
     stream, the additive parts (``hit`` … ``new_content``) and tokens per cause.
     ``examples``: up to ``examples`` requests per premature cause showing where
     and what differs (masked unless ``show_text``).
@@ -727,14 +753,19 @@ def diagnose(con, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
                 "min": float(gaps.min()), "max": float(gaps.max())}
         causes.append(entry)
     prem = df.filter(pl.col("cause").is_not_null())
+    present = (df.with_columns(pl.col("also").fill_null("").str.split(",").alias("_a"))
+               .select("cause", "_a").to_dicts())
     for cause in CAUSES:
         sub = prem.filter(pl.col("cause") == cause)
-        if not len(sub):
+        # a request can differ from its predecessor by several causes; its tokens go to
+        # the first divergence (``requests_charged``), ``requests`` counts them all
+        affected = sum(1 for r in present if r["cause"] == cause or cause in r["_a"])
+        if not affected:
             continue
-        lost = int(sub["premature"].sum())
-        causes.append({"cause": cause, "requests": len(sub), "tokens_lost": lost,
-                       "share_of_prompt_tokens": lost / total if total else 0.0})
-    causes = [c for c in causes if c["tokens_lost"] > 0]
+        lost = int(sub["premature"].sum()) if len(sub) else 0
+        causes.append({"cause": cause, "requests": affected, "requests_charged": len(sub),
+                       "tokens_lost": lost, "share_of_prompt_tokens": lost / total if total else 0.0})
+    causes = [c for c in causes if c["tokens_lost"] > 0 or c.get("requests_charged") is not None]
     causes.sort(key=lambda c: -c["tokens_lost"])
 
     by_stream = []

@@ -296,3 +296,40 @@ def test_synth_truth_recall_and_false_blame(tmp_path):
     for cause, xs in hits.items():
         assert sum(xs) >= 0.9 * len(xs), (cause, sum(xs), len(xs))
     assert blamed < 0.05 * max(clean, 1)
+
+
+def test_synth_truth_every_planted_cause_is_found(tmp_path):
+    """Against `replay synth`'s own truth file (another seed than the sample): every
+    planted cause is named for ≥ 90 % of the requests it affects (as the charged cause
+    or a secondary one), the aggregate `requests` counts reach the truth, and clean
+    requests (after the first of their session) are not blamed."""
+    from collections import Counter
+
+    from replay import synth as _synth
+
+    res = _synth.generate(tmp_path / "logs", seed=7)
+    con = db.connect(None)
+    pipeline.ingest(con, [str(tmp_path / "logs")])
+    mp = {r["request_id"]: r for r in miss_parts(con).to_dicts()}
+    src = dict(con.execute("SELECT source_id, path FROM sources").fetchall())
+    where = {(src[s].rsplit("/", 1)[1], ln): rid
+             for rid, s, ln in con.execute("SELECT request_id, source_id, line_no FROM requests").fetchall()}
+    total, found = Counter(), Counter()
+    clean = blamed = 0
+    for t in map(json.loads, open(res.truth)):
+        r = mp[where[(t["file"].rsplit("/", 1)[-1], t["line"])]]
+        named = {r["cause"], *(r["also"].split(",") if r["also"] else [])}
+        for c in t["causes"]:
+            total[c] += 1
+            found[c] += c in named
+        if not t["causes"] and not t["first_in_session"]:
+            clean += 1
+            blamed += r["cause"] is not None
+    assert set(total) == {"rotating_header", "timestamp", "volatile_id", "per_user_data", "tool_order",
+                          "tool_schema_change", "json_key_order", "history_rewrite"}
+    for c in total:
+        assert found[c] >= 0.9 * total[c], (c, found[c], total[c])
+    assert clean > 10 and blamed < 0.05 * clean
+    agg = {c["cause"]: c for c in diagnose(con)["causes"]}
+    for c in total:
+        assert agg[c]["requests"] >= 0.9 * total[c], c
