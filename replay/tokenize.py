@@ -36,8 +36,6 @@ replay reads ``block_ids`` directly).
 from __future__ import annotations
 
 import hashlib
-import itertools
-import os
 import json
 import sys
 import time
@@ -280,7 +278,7 @@ class _SegmentStore:
             ids.append(sid)
             arrays.append(arr)
         items = list(self.new_texts.items())
-        for (sid, _), toks in zip(items, _encode_parallel(self.tok, [t for _, t in items], self.batch_chars)):
+        for (sid, _), toks in zip(items, _encode_batches(self.tok, [t for _, t in items], self.batch_chars)):
             ids.append(sid)
             arrays.append(toks)
         if not ids:
@@ -302,74 +300,22 @@ class _SegmentStore:
         return len(ids), int(lengths.sum())
 
 
-# --------------------------------------------------------------- parallel encoding
-# The fast tokenizer's batch encoder runs on one core here, and encoding unique
-# text is most of this stage. Large batches are split in two: one half encoded
-# in a forked helper process (which inherits the loaded tokenizer), the other in
-# this one, at the same time.
-PARALLEL_MIN_CHARS = 1_000_000
-_POOL = None
-_POOL_TOK = None
+def _encode_batches(tok: "Tok", texts: list[str], batch_chars: int) -> list[np.ndarray]:
+    """Token arrays for ``texts`` (in order), encoded in batches of about ``batch_chars``.
 
-
-def _encode_flat(tok: "Tok", texts: list[str], batch_chars: int) -> tuple[np.ndarray, np.ndarray]:
-    """Encode texts in batches of about ``batch_chars``; (lengths, concatenated ids)."""
-    out: list[list[int]] = []
+    (Measured here: a second process encoding half of each batch gained nothing —
+    two BPE encoders on this machine's 2 cores run at half speed each — so this
+    stays on one core.)"""
+    out: list[np.ndarray] = []
     start = 0
     while start < len(texts):
         end, chars = start, 0
         while end < len(texts) and (end == start or chars + len(texts[end]) <= batch_chars):
             chars += len(texts[end])
             end += 1
-        out.extend(tok.encode_batch(texts[start:end]))
+        out.extend(np.asarray(ids, dtype=np.int32) for ids in tok.encode_batch(texts[start:end]))
         start = end
-    lengths = np.fromiter((len(x) for x in out), dtype=np.int64, count=len(out))
-    flat = np.fromiter(itertools.chain.from_iterable(out), dtype=np.int32, count=int(lengths.sum()))
-    return lengths, flat
-
-
-def _worker_encode(texts: list[str], batch_chars: int):
-    return _encode_flat(_POOL_TOK, texts, batch_chars)
-
-
-def _pool_for(tok: "Tok"):
-    """A one-process fork pool holding ``tok`` (None where fork is unavailable)."""
-    global _POOL, _POOL_TOK
-    import multiprocessing as mp
-
-    if (os.cpu_count() or 1) < 2 or "fork" not in mp.get_all_start_methods():
-        return None
-    if _POOL is None or _POOL_TOK is not tok:
-        if _POOL is not None:
-            _POOL.terminate()
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the helper is our parallelism
-        _POOL_TOK = tok
-        _POOL = mp.get_context("fork").Pool(1)
-        import atexit
-
-        atexit.register(_POOL.terminate)
-    return _POOL
-
-
-def _encode_parallel(tok: "Tok", texts: list[str], batch_chars: int) -> list[np.ndarray]:
-    """Token arrays for ``texts`` (in order), using two cores for large inputs."""
-    if not texts:
-        return []
-    total = sum(len(t) for t in texts)
-    pool = _pool_for(tok) if total >= PARALLEL_MIN_CHARS else None
-    if pool is None:
-        lengths, flat = _encode_flat(tok, texts, batch_chars)
-        return np.split(flat, np.cumsum(lengths)[:-1])
-    # cut where half the characters are behind us
-    cum = np.cumsum([len(t) for t in texts])
-    cut = int(np.searchsorted(cum, total / 2)) + 1
-    cut = min(max(cut, 1), len(texts) - 1) if len(texts) > 1 else len(texts)
-    job = pool.apply_async(_worker_encode, (texts[cut:], batch_chars))
-    l_a, f_a = _encode_flat(tok, texts[:cut], batch_chars)
-    l_b, f_b = job.get()
-    lengths = np.concatenate([l_a, l_b])
-    flat = np.concatenate([f_a, f_b])
-    return np.split(flat, np.cumsum(lengths)[:-1])
+    return out
 
 
 def _fetch_known(con) -> tuple[list[int], list[int]]:

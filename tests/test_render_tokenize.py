@@ -513,20 +513,3 @@ def test_switching_tokenizer_clears_old_rows(tmp_path, tok):
     s3 = tokenize_stage(con, local)
     assert not s3.cleared and s3.new_prompts == 0
     con.close()
-
-
-def test_two_core_encoding_equals_one_core(monkeypatch):
-    import random
-
-    from replay import tokenize as T
-
-    tok = T.load_tokenizer()
-    rng = random.Random(5)
-    words = ["def", "class", " return", "数据", "naïve", "\n", "    ", "{\"a\": 1}", "<think>", "x" * 40]
-    texts = ["".join(rng.choice(words) for _ in range(rng.randrange(0, 300))) for _ in range(300)]
-    monkeypatch.setattr(T, "PARALLEL_MIN_CHARS", 10**12)
-    serial = T._encode_parallel(tok, texts, 5_000)
-    monkeypatch.setattr(T, "PARALLEL_MIN_CHARS", 0)
-    parallel = T._encode_parallel(tok, texts, 5_000)
-    assert T._POOL is not None  # the forked helper really ran
-    assert [a.tolist() for a in parallel] == [a.tolist() for a in serial] == [tok.encode(t) for t in texts]
