@@ -512,22 +512,16 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
                 f"nothing to validate: no text request within {max_prompt_tokens} tokens "
                 f"(skipped: {info['skipped']})")
 
-        # --- warm pass (the cache under test)
-        server = MlxServer(str(model_dir), port=port, prompt_cache_size=prompt_cache_size,
-                           prompt_cache_bytes=prompt_cache_bytes,
-                           startup_timeout_s=startup_timeout_s)
-        server.start()
-        _replay_pass(server, items, model_kind == "user", timeout_s, progress, "warm", warm)
-        server.stop()
-        server.cleanup_log()
-        server = None
-
-        # --- cold pass (same requests, no cache) for measured savings
+        # the warm pass is the cache under test; the cold pass (same requests, no
+        # cache) measures what the cache saved
+        passes = [("warm", {"prompt_cache_size": prompt_cache_size, "prompt_cache_bytes": prompt_cache_bytes},
+                   warm)]
         if cold_pass:
-            server = MlxServer(str(model_dir), port=port, prompt_cache_size=0,
-                               startup_timeout_s=startup_timeout_s)
+            passes.append(("cold", {"prompt_cache_size": 0}, cold))
+        for label, cache, sink in passes:
+            server = MlxServer(str(model_dir), port=port, startup_timeout_s=startup_timeout_s, **cache)
             server.start()
-            _replay_pass(server, items, model_kind == "user", timeout_s, progress, "cold", cold)
+            _replay_pass(server, items, model_kind == "user", timeout_s, progress, label, sink)
             server.stop()
             server.cleanup_log()
             server = None
