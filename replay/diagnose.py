@@ -71,6 +71,7 @@ import numpy as np
 import polars as pl
 
 from . import db
+from .render import tool_name
 
 __all__ = ["CAUSES", "PARTS", "miss_parts", "diagnose", "diff_view", "why_miss_section",
            "register", "format_text", "classify_pieces", "mask"]
@@ -165,14 +166,6 @@ def _similar(a: str, b: str, threshold: float = 0.5) -> bool:
     return len(ga & gb) >= threshold * max(len(ga | gb), 1)
 
 
-def _tool_name(t: Any) -> str | None:
-    if not isinstance(t, dict):
-        return None
-    if isinstance(t.get("function"), dict):
-        return t["function"].get("name")
-    return t.get("name")
-
-
 def _strip_cc(t: Any) -> Any:
     return {k: v for k, v in t.items() if k != "cache_control"} if isinstance(t, dict) else t
 
@@ -236,7 +229,7 @@ def classify_pieces(pieces_r: list, pieces_c: list, i: int, body_r: dict, body_c
         tc = [t for t in (body_c.get("tools") or [])]
         # index of the tool the divergence falls in
         j = sum(1 for p in pieces_r[:i + 1] if p[0] == "marker" and p[1] == "tool_def") - 1
-        nr, nc = [_tool_name(t) for t in tr], [_tool_name(t) for t in tc]
+        nr, nc = [tool_name(t) for t in tr], [tool_name(t) for t in tc]
         info = {"tool_index": j, "char_offset": 0}
         if pr[0] == "text" and pc[0] == "text":
             info["char_offset"] = _common_prefix(pr[1], pc[1])
@@ -1053,12 +1046,15 @@ def register(cli_group) -> None:
                   help="Normalizers, comma-separated: strip-rotating-header, sort-tools, canonical-json, "
                        "bucket-timestamps=5m, move-volatile-after-breakpoint (or 'all').")
     @click.option("--prices", type=click.Path(exists=True, dir_okay=False), default=None,
-                  help="Price table (TOML/JSON: input, cache_read[, cache_write] per million tokens).")
+                  help="A TOML price table overriding the shipped defaults (replay/prices.toml).")
+    @click.option("--price-model", default=None,
+                  help="Price the fixes as this model (default: the logged model, when the table has it).")
     @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
     def whatif_cmd(logs, db_path, fmt, fields, time_unit, tokenizer, ttl, block, min_prefix, stream,
-                   profile, fixes, prices, as_json):
+                   profile, fixes, prices, price_model, as_json):
         """What each fix is worth: the ceiling recomputed on normalized request bodies."""
-        from .whatif import FIXES, load_prices, whatif, format_whatif
+        from . import economics
+        from .whatif import FIXES, whatif, format_whatif
 
         con = db.connect(db_path)
         load(con, logs, fmt, fields, time_unit, as_json)
@@ -1066,9 +1062,10 @@ def register(cli_group) -> None:
         if names == ["all"]:
             names = list(FIXES)
         try:
+            model = price_model or economics.logged_price_model(con, prices)
+            price = economics.get_price(model, prices) if model else None
             res = whatif(con, names, ttl=ttl_of(ttl), block=block, min_prefix=min_prefix, stream=stream,
-                         prices=load_prices(prices) if prices else None, tokenizer=tokenizer,
-                         profile=profile)
+                         prices=price, tokenizer=tokenizer, profile=profile)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
         click.echo(json.dumps(res) if as_json else format_whatif(res))

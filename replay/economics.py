@@ -30,6 +30,7 @@ from pathlib import Path
 import polars as pl
 
 from . import profiles as _p
+from . import db
 from .sweep import Grid
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
@@ -258,8 +259,8 @@ def fidelity_section(con, out_dir=None) -> str:
 
 # ----------------------------------------------------------------------------- report section
 
-def _log_price_model(con, prices_path=None) -> str | None:
-    rows = _p._arrow(con, "SELECT model, count(*) AS n FROM requests WHERE model IS NOT NULL "
+def logged_price_model(con, prices_path=None) -> str | None:
+    rows = db.arrow(con, "SELECT model, count(*) AS n FROM requests WHERE model IS NOT NULL "
                           "GROUP BY model ORDER BY n DESC").to_pylist()
     prices = load_prices(prices_path)
     for row in rows:
@@ -286,7 +287,7 @@ def savings_section(con, out_dir, profile: str | None = None, price_model: str |
     """Markdown: realised against ceiling per stream and week, the savings table,
     hit ratio by session length, and (when the log has usage) rendering fidelity.
     Writes ``savings_weekly.png`` into ``out_dir`` when matplotlib is available."""
-    price_model = price_model or _log_price_model(con, prices_path)
+    price_model = price_model or logged_price_model(con, prices_path)
     if price_model is None:
         return ("## Savings\n\nNo logged model matches the price table; pass a price model "
                 "(see `replay/prices.toml`).\n")

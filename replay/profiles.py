@@ -70,13 +70,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import warnings
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 import polars as pl
 
+from . import db
 from .sweep import Grid, _values
 from .trie import hit_length
 
@@ -250,21 +250,14 @@ def profile_for_model(model: str | None) -> str | None:
 
 # ----------------------------------------------------------------------------- SQL helpers
 
-def _arrow(con, sql: str, params=None):
-    """Run a query to completion (never leaves an unfinished result on ``con``)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return con.execute(sql, params or []).to_arrow_table()
-
-
 def _df(con, sql: str, params=None) -> pl.DataFrame:
-    return pl.from_arrow(_arrow(con, sql, params))
+    return pl.from_arrow(db.arrow(con, sql, params))
 
 
 def _ensure_walks(con, modes: Sequence[str], variant: str, horizon: float) -> None:
     """Replay (through ``pipeline.prepare``) when the walks of ``variant`` are missing."""
     have = {(r["variant"], r["mode"]) for r in
-            _arrow(con, "SELECT DISTINCT variant, mode FROM walks").to_pylist()}
+            db.arrow(con, "SELECT DISTINCT variant, mode FROM walks").to_pylist()}
     if all((variant, m) in have for m in modes):
         return
     from .pipeline import prepare
@@ -274,7 +267,7 @@ def _ensure_walks(con, modes: Sequence[str], variant: str, horizon: float) -> No
 
 
 def _has_requests(con) -> bool:
-    return _arrow(con, "SELECT count(*) AS n FROM requests").column("n")[0].as_py() > 0
+    return db.arrow(con, "SELECT count(*) AS n FROM requests").column("n")[0].as_py() > 0
 
 
 # ----------------------------------------------------------------------------- walk profiles
@@ -651,11 +644,11 @@ def _cache_controls(body: dict) -> list:
 
 def _anthropic_inputs(con, prof: Profile, default_ttl: float) -> tuple[list[SimRequest], dict]:
     reqs = _sim_requests(con, with_output=False)
-    tbl = _arrow(con, """
+    tbl = db.arrow(con, """
         SELECT r.request_id, r.format, b.body,
                p.seg_ids
         FROM requests r JOIN prompts p USING (request_id) JOIN request_bodies b USING (request_id)""")
-    seg_n = {r["seg_id"]: r["n_tokens"] for r in _arrow(con, "SELECT seg_id, n_tokens FROM segments").to_pylist()}
+    seg_n = {r["seg_id"]: r["n_tokens"] for r in db.arrow(con, "SELECT seg_id, n_tokens FROM segments").to_pylist()}
     auto = bool(int(prof.params.get("auto", 1)))
     layouts = {}
     for row in tbl.to_pylist():

@@ -39,14 +39,10 @@ from typing import Sequence
 
 import numpy as np
 
+from .trie import common_prefix_len
 
-def lcp(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two 1-D token arrays."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    neq = np.flatnonzero(a[:n] != b[:n])
-    return int(neq[0]) if len(neq) else n
+
+lcp = common_prefix_len  # longest common prefix of two token arrays
 
 
 @dataclass

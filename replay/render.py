@@ -118,6 +118,16 @@ _ROLE_MARKER = {
 }
 
 
+def tool_name(t: Any) -> str | None:
+    """A tool definition's name (Anthropic `name`, OpenAI `function.name`)."""
+    if not isinstance(t, dict):
+        return None
+    if isinstance(t.get("function"), dict):
+        return t["function"].get("name")
+    return t.get("name")
+
+
+
 def compact_json(obj: Any) -> str:
     """Compact JSON, key order kept, non-ASCII kept as is."""
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)

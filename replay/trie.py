@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-__all__ = ["Trie", "hit_length"]
+__all__ = ["Trie", "hit_length", "common_prefix_len"]
 
 
 class _Node:
@@ -45,7 +45,7 @@ class _Node:
         self.last_used = last_used
 
 
-def _match_len(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
     """Length of the common prefix of two arrays (vectorised)."""
     k = min(len(a), len(b))
     if k == 0:
@@ -96,7 +96,7 @@ class Trie:
             if child is None:
                 break
             edge = child.edge
-            matched = _match_len(edge, seq[pos:])
+            matched = common_prefix_len(edge, seq[pos:])
             if record:
                 gap = t - child.last_used
                 if gap > self.horizon:

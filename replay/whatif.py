@@ -34,9 +34,10 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from . import db
+from .render import tool_name
 
 __all__ = ["FIXES", "normalize_body", "normalized_copy", "ceiling", "whatif", "format_whatif",
-           "load_prices", "parse_fix"]
+           "parse_fix"]
 
 FIXES = ("strip-rotating-header", "sort-tools", "canonical-json", "bucket-timestamps=5m",
          "move-volatile-after-breakpoint")
@@ -48,6 +49,24 @@ _ISO = re.compile(r"(?P<date>\d{4}-\d{2}-\d{2})(?P<sep>[T ])(?P<h>\d{1,2}):(?P<m
 
 # --------------------------------------------------------------------------- helpers on bodies
 
+def _map_blocks(blocks: list, fn: Callable[[str], str | None]) -> list:
+    """``fn`` over the text of each block (text blocks or bare strings); a block whose
+    new text is empty is dropped, other blocks are kept as they are."""
+    out = []
+    for blk in blocks:
+        if isinstance(blk, dict) and isinstance(blk.get("text"), str):
+            t = fn(blk["text"])
+            if t:
+                out.append(dict(blk, text=t))
+        elif isinstance(blk, str):
+            t = fn(blk)
+            if t:
+                out.append(t)
+        else:
+            out.append(blk)
+    return out
+
+
 def _system_texts(body: dict, fn: Callable[[str], str | None]) -> dict:
     """Apply ``fn`` to every system text (blocks, string, or leading system messages).
     ``fn`` returning None or '' drops a block (a string system becomes '')."""
@@ -55,19 +74,7 @@ def _system_texts(body: dict, fn: Callable[[str], str | None]) -> dict:
     if isinstance(sysv, str):
         body["system"] = fn(sysv) or ""
     elif isinstance(sysv, list):
-        out = []
-        for blk in sysv:
-            if isinstance(blk, dict) and isinstance(blk.get("text"), str):
-                t = fn(blk["text"])
-                if t:
-                    out.append(dict(blk, text=t))
-            elif isinstance(blk, str):
-                t = fn(blk)
-                if t:
-                    out.append(t)
-            else:
-                out.append(blk)
-        body["system"] = out
+        body["system"] = _map_blocks(sysv, fn)
     if isinstance(body.get("instructions"), str):
         body["instructions"] = fn(body["instructions"]) or ""
     msgs = body.get("messages")
@@ -79,15 +86,7 @@ def _system_texts(body: dict, fn: Callable[[str], str | None]) -> dict:
             if isinstance(c, str):
                 m["content"] = fn(c) or ""
             elif isinstance(c, list):
-                new = []
-                for blk in c:
-                    if isinstance(blk, dict) and isinstance(blk.get("text"), str):
-                        t = fn(blk["text"])
-                        if t:
-                            new.append(dict(blk, text=t))
-                    else:
-                        new.append(blk)
-                m["content"] = new
+                m["content"] = _map_blocks(c, fn)
     return body
 
 
@@ -103,18 +102,10 @@ def strip_rotating_header(body: dict) -> dict:
     return _system_texts(body, fn)
 
 
-def _tool_name(t: Any) -> str:
-    if isinstance(t, dict):
-        if isinstance(t.get("function"), dict):
-            return str(t["function"].get("name", ""))
-        return str(t.get("name", ""))
-    return ""
-
-
 def sort_tools(body: dict) -> dict:
     tools = body.get("tools")
     if isinstance(tools, list):
-        body["tools"] = sorted(tools, key=_tool_name)
+        body["tools"] = sorted(tools, key=lambda t: str(tool_name(t) or ""))
     return body
 
 
@@ -320,27 +311,12 @@ def _ceiling(con, ttl, block, min_prefix, stream, tokenizer) -> dict:
     return {k: r[k] for k in ("requests", "prompt_tokens", "hit_tokens", "hit_ratio", "requests_hit")}
 
 
-def load_prices(path) -> dict:
-    """A price table: TOML or JSON with ``input``, ``cache_read`` (and optionally
-    ``cache_write``) in currency per million tokens."""
-    from pathlib import Path
-
-    p = Path(path)
-    text = p.read_text(encoding="utf-8")
-    if p.suffix == ".toml":
-        import tomllib
-
-        data = tomllib.loads(text)
-    else:
-        data = json.loads(text)
-    return data
-
-
-def _money(fig: dict, prices: dict | None) -> dict | None:
-    if not prices:
+def _money(fig: dict, price) -> dict | None:
+    """Spend at ``price`` (an ``economics.Price``, USD per million tokens)."""
+    if price is None:
         return None
-    base = float(prices["input"]) / 1e6
-    read = float(prices.get("cache_read", prices["input"] * 0.1)) / 1e6
+    base = price.input / 1e6
+    read = price.cache_read / 1e6
     hit, total = fig["hit_tokens"], fig["prompt_tokens"]
     full = total * base
     spend = (total - hit) * base + hit * read
@@ -348,13 +324,13 @@ def _money(fig: dict, prices: dict | None) -> dict | None:
 
 
 def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
-           stream: str = "tenant", prices: dict | None = None, tokenizer=None,
+           stream: str = "tenant", prices=None, tokenizer=None,
            profile: str = "ideal") -> dict:
     """The ceiling before any fix, after each fix alone and after all of them together.
 
     Returns ``{"config", "before", "fixes": [{"fix", "after", "gain_hit_ratio",
-    "gain_hit_tokens"[, "money"]}], "all": {...}}``; with ``prices`` (per million
-    tokens: ``input``, ``cache_read``) each figure also carries spend and savings.
+    "gain_hit_tokens"[, "money"]}], "all": {...}}``; with ``prices`` (an
+    ``economics.Price`` from the price table) each figure also carries spend and savings.
     """
     from .sweep import parse_ttl
 

@@ -75,3 +75,15 @@ def test_profiles_are_listed_and_sweep_accepts_them(tmp_path):
     assert vllm["block"] == 16 and vllm["hit_tokens"] % 16 == 0  # the profile's own block size
     bad = CliRunner().invoke(main, ["sweep", "--db", db_, "--profile", "nosuch"])
     assert bad.exit_code == 2
+
+
+def test_whatif_prices_fixes_with_the_shipped_price_table(tmp_path):
+    res = CliRunner().invoke(main, ["whatif", str(SAMPLE), "--db", str(tmp_path / "w.duckdb"),
+                                    "--fix", "sort-tools", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["before"]["money"]["full_price"] > 0          # the logged model's price, from prices.toml
+    assert out["fixes"][0]["after"]["hit_tokens"] >= out["before"]["hit_tokens"]
+    bad = CliRunner().invoke(main, ["whatif", "--db", str(tmp_path / "w.duckdb"), "--fix", "sort-tools",
+                                    "--price-model", "no-such-model"])
+    assert bad.exit_code == 1 and "no price for model" in bad.output

@@ -115,7 +115,10 @@ def test_normalized_copy_reuses_segments(logs):
 
 def test_whatif_money(logs):
     con, _ = logs
-    res = whatif(con, ["strip-rotating-header"], prices={"input": 3.0, "cache_read": 0.3})
+    from replay.economics import Price
+
+    price = Price("test-model", input=3.0, cache_read=0.3, cache_write_5m=3.75, cache_write_1h=6.0, output=15.0)
+    res = whatif(con, ["strip-rotating-header"], prices=price)
     f = res["fixes"][0]
     assert f["after"]["money"]["savings"] >= res["before"]["money"]["savings"]
     assert math.isclose(f["gain_savings"], f["gain_hit_tokens"] * (3.0 - 0.3) / 1e6)
