@@ -524,13 +524,13 @@ def _analyse(con, stream: str, ttl: float, block: int, min_prefix: int):
     figs = _walk_figures(con, stream, ttl)
     store, ntok, sys_marker = _load(con)
     tokens = store._tokens.__getitem__
-    from .replay import stream_key
+    from .replay import stream_key, time_ordered_chunks
 
-    reqs = con.execute("""
-        SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.user_id, r.format,
-               p.seg_ids, p.seg_parts
-        FROM requests r LEFT JOIN prompts p USING (request_id)
-        ORDER BY r.ts, r.request_id""").fetchall()
+    names = ("request_id", "ts", "tenant", "prompt_cache_key", "session", "user_id", "format",
+             "seg_ids", "seg_parts")
+    reqs = (row for tbl in time_ordered_chunks(con, ", ".join(
+                ("p." if c.startswith("seg_") else "r.") + c for c in names))
+            for row in zip(*(tbl.column(c).to_pylist() for c in names)))
     index = _Index()
     by_id: dict[int, _R] = {}
     rows: list[dict] = []
@@ -928,12 +928,24 @@ def _chars(pieces) -> int:
 
 # --------------------------------------------------------------------------- report section
 
+#: the report's why-miss section runs the diagnosis / the what-ifs only up to these sizes
+REPORT_DIAGNOSE_MAX = 50_000
+REPORT_WHATIF_MAX = 20_000
+
+
 def why_miss_section(con, out_dir=None, ttl: float = 300, block: int = 16, min_prefix: int = 0,
                      stream: str = "tenant", fixes: tuple[str, ...] | None = None) -> str:
     """Markdown for the report: causes ranked by tokens lost, and the ceiling after each fix."""
     from .sweep import format_ttl
     from .whatif import FIXES, whatif
 
+    n_requests = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
+    if n_requests > REPORT_DIAGNOSE_MAX:
+        # the diagnosis keeps every request's segment list in memory, and each what-if
+        # re-tokenizes and replays the whole log: too much to add to a batch report
+        return ("## Why requests miss\n\nNot computed in the report for a log of "
+                f"{n_requests:,} requests (over {REPORT_DIAGNOSE_MAX:,}): run `replay diagnose` and "
+                "`replay whatif --fix all` on it (or on a part of it) separately.\n")
     res = diagnose(con, ttl=ttl, block=block, min_prefix=min_prefix, stream=stream, examples=2)
     total = sum(s["prompt_tokens"] for s in res["by_stream"])
     hit = sum(s["hit"] for s in res["by_stream"])
@@ -954,6 +966,10 @@ def why_miss_section(con, out_dir=None, ttl: float = 300, block: int = 16, min_p
                      f"{100 * c['share_of_prompt_tokens']:.2f} % |")
     if not res["causes"]:
         lines.append("| (none) | 0 | 0 | 0 % |")
+    if n_requests > REPORT_WHATIF_MAX:
+        lines += ["", f"(The ceiling after each fix is not computed in the report above "
+                      f"{REPORT_WHATIF_MAX:,} requests: `replay whatif --fix all`.)"]
+        return "\n".join(lines) + "\n"
     try:
         w = whatif(con, list(fixes or FIXES), ttl=ttl, block=block, min_prefix=min_prefix, stream=stream)
     except Exception as exc:  # noqa: BLE001 - the section still reports the diagnosis

@@ -93,29 +93,14 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
     if missing:
         raise RuntimeError(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     out_col = "p.output_seg_ids" if with_output else "NULL"
-    # Sort only the keys; fetch the (large) token-id lists chunk by chunk in that
-    # order. Ids follow input order, which is close to time order in real logs, so
-    # each chunk reads a narrow id range (zone maps skip the rest) and memory stays
-    # bounded by the chunk, whatever the size of the log.
-    order = con.execute("SELECT request_id FROM requests ORDER BY ts, request_id").fetchnumpy()["request_id"]
-    for start in range(0, len(order), chunk):
-        ids = order[start:start + chunk]
-        lo, hi = int(ids.min()), int(ids.max())
-        narrow = hi - lo < 4 * len(ids)
-        where = f"r.request_id BETWEEN {lo} AND {hi}" if narrow else \
-            f"r.request_id IN ({','.join(map(str, ids.tolist()))})"
-        tbl = db.arrow(con, f"""
-            SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
-                   p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length
-            FROM requests r LEFT JOIN prompts p USING (request_id)
-            WHERE {where}""")
+    for tbl in time_ordered_chunks(con, f"""
+            r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
+            p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length""", chunk):
         # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
-        row_of = {rid: k for k, rid in enumerate(tbl.column("request_id").to_pylist())}
         cols = {c: tbl.column(c).combine_chunks() for c in ("seg_ids", "output_seg_ids", "block_ids")}
         meta = {c: tbl.column(c).to_pylist() for c in
-                ("ts", "tenant", "prompt_cache_key", "session", "format", "input_length")}
-        for rid in ids.tolist():
-            k = row_of[rid]
+                ("request_id", "ts", "tenant", "prompt_cache_key", "session", "format", "input_length")}
+        for k, rid in enumerate(meta["request_id"]):
             output = None
             if meta["format"][k] == "mooncake":
                 symbols, cum = mooncake_symbols(_ids(cols["block_ids"], k), int(meta["input_length"][k] or 0))
@@ -128,6 +113,28 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                     output = segs.concat(out_ids)
             yield Prompt(rid, meta["ts"][k], meta["tenant"][k], meta["prompt_cache_key"][k],
                          meta["session"][k], symbols, cum, output, n)
+
+
+def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
+    """Arrow tables of ``requests r LEFT JOIN prompts p`` (``columns`` must start
+    with ``r.request_id``) in processing order — time, then input order.
+
+    Only the keys are sorted; rows are fetched chunk by chunk in that order. Ids
+    follow input order, which is close to time order in real logs, so each chunk
+    reads a narrow id range (zone maps skip the rest) and memory stays bounded by
+    the chunk — one ORDER BY over a week's token-id lists does not fit a capped
+    DuckDB.
+    """
+    order = con.execute("SELECT request_id FROM requests ORDER BY ts, request_id").fetchnumpy()["request_id"]
+    for start in range(0, len(order), chunk):
+        ids = order[start:start + chunk]
+        lo, hi = int(ids.min()), int(ids.max())
+        where = (f"r.request_id BETWEEN {lo} AND {hi}" if hi - lo < 4 * len(ids)
+                 else f"r.request_id IN ({','.join(map(str, ids.tolist()))})")
+        tbl = db.arrow(con, f"SELECT {columns} FROM requests r LEFT JOIN prompts p USING (request_id) "
+                            f"WHERE {where}")
+        pos = {rid: k for k, rid in enumerate(tbl.column("request_id").to_pylist())}
+        yield tbl.take([pos[i] for i in ids.tolist()])
 
 
 def _ids(col, k: int) -> list[int]:

@@ -194,7 +194,13 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
               "How long each stream sat idle before a request. Requests to the right of a TTL line "
               "find their prefix gone at that TTL.", "", "![idle gaps](idle_gaps.png)", ""]
     for section in extra_sections:
-        lines += [section(con, out), ""]
+        try:
+            lines += [section(con, out), ""]
+        except Exception as exc:  # noqa: BLE001 - an optional section must not lose the report
+            import sys
+
+            print(f"report: a section could not be computed ({type(exc).__name__}: {exc})", file=sys.stderr)
+            lines += [f"_A section could not be computed: {type(exc).__name__}: {exc}_", ""]
     lines += ["## How to read this", "",
               "- *Hit ratio* = cached prompt tokens / all prompt tokens (token-weighted, first requests "
               "included), as vLLM reports it. A hit is the longest prefix shared with an earlier request "

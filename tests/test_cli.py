@@ -87,3 +87,21 @@ def test_whatif_prices_fixes_with_the_shipped_price_table(tmp_path):
     bad = CliRunner().invoke(main, ["whatif", "--db", str(tmp_path / "w.duckdb"), "--fix", "sort-tools",
                                     "--price-model", "no-such-model"])
     assert bad.exit_code == 1 and "no price for model" in bad.output
+
+
+def test_report_survives_a_failing_section_and_bounds_the_why_miss_work(tmp_path, monkeypatch):
+    from replay import db, diagnose, pipeline, report
+
+    con = db.connect(tmp_path / "r.duckdb")
+    pipeline.ingest(con, [str(SAMPLE)])
+
+    def broken(con, out):
+        raise RuntimeError("boom")
+
+    path = report.write_report(con, tmp_path / "rep", extra_sections=[broken])
+    assert "A section could not be computed: RuntimeError: boom" in path.read_text()
+    monkeypatch.setattr(diagnose, "REPORT_WHATIF_MAX", 10)
+    text = diagnose.why_miss_section(con, tmp_path)
+    assert "| timestamp |" in text and "not computed in the report above 10 requests" in text
+    monkeypatch.setattr(diagnose, "REPORT_DIAGNOSE_MAX", 10)
+    assert "Not computed in the report for a log of 268 requests" in diagnose.why_miss_section(con, tmp_path)
