@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -54,6 +55,7 @@ BATCH_ROWS = 5000
 # whole (requests.body). Off by default only until every reader of bodies reads
 # the `request_bodies` view (see docs/architecture.md); bench/ turns it on.
 DEFAULT_BODY_BLOBS = True
+KEY_MEMO_ENTRIES = 500_000  # parts per generation of _Blobs' key memo
 BATCH_BYTES = 64 << 20  # also flush when the buffered bodies/outputs reach this size
 DETECT_LOOKAHEAD = 100  # parseable records examined when the first ones are ambiguous
 
@@ -223,6 +225,11 @@ class _Slow:
 
 def _parse_line(raw: bytes, slow: set | None = None, line_no: int = 0) -> Any:
     """Parsed JSON of one line, or a Reject."""
+    if orjson is not None:
+        try:
+            return orjson.loads(raw)  # the common case, without copying the line to strip it
+        except (orjson.JSONDecodeError, RecursionError):
+            pass  # blank, BOM, NaN, …: decided below
     s = raw.strip()
     if not s:
         return Reject("blank_line", "empty line")
@@ -316,6 +323,17 @@ class _Blobs:
     def __init__(self, known: set[int]):
         self.known = known
         self._glue_ids: dict[str, int] = {}
+        self._scalar_text: dict[tuple, str] = {}
+        # Python's hash of orjson's serialization → blob id, per kind: an agent
+        # resends every earlier message each turn, so most parts are found here by
+        # one dict lookup instead of being hashed again with blake2b. (A 64-bit
+        # hash, like the blob ids themselves.) Two generations bound its memory: a
+        # full young one becomes the old one, and what is found in the old one moves
+        # back. Every id in it is in ``known``, so it is emptied whenever ids leave
+        # ``known``.
+        self._young: dict[str, dict[int, int]] = {"tool": {}, "message": {}}
+        self._old: dict[str, dict[int, int]] = {"tool": {}, "message": {}}
+        self._young_size = 0
         self._reset()
         self.file_flushed: list[int] = []
 
@@ -363,6 +381,51 @@ class _Blobs:
             memo[id(obj)] = (obj, bid)
         return bid
 
+    def _forget_keys(self) -> None:
+        for gen in (self._young, self._old):
+            for d in gen.values():
+                d.clear()
+        self._young_size = 0
+
+    def _list_parts(self, kind: str, items: list) -> list[int] | None:
+        """Blob ids of a tools/messages list's items, keyed by orjson's serialization
+        (the same ids ``_part`` gives); None when orjson cannot serialize one."""
+        try:
+            keys = list(map(orjson.dumps, items))
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+        young = self._young[kind]
+        hashes = list(map(hash, keys))
+        bids = list(map(young.get, hashes))
+        if None in bids:
+            old = self._old[kind]
+            prefix = kind.encode("ascii") + b"\0o"
+            for j, bid in enumerate(bids):
+                if bid is None:
+                    bid = old.get(hashes[j])
+                    if bid is None:
+                        bid = _blob_id(prefix + keys[j])
+                        if bid not in self.known:
+                            self._add(bid, kind, _text(items[j]))
+                    young[hashes[j]] = bids[j] = bid
+                    self._young_size += 1
+            if self._young_size > KEY_MEMO_ENTRIES:
+                self._old, self._young = self._young, {"tool": {}, "message": {}}
+                self._young_size = 0
+        return bids
+
+    def _value_text(self, v: Any) -> str:
+        """``_text`` of a top-level value, remembered for plain scalars (model, max_tokens…)."""
+        if v is None or type(v) in (str, int, bool):
+            key = (type(v), v)
+            t = self._scalar_text.get(key)
+            if t is None:
+                t = _text(v)
+                if len(self._scalar_text) < 10_000:
+                    self._scalar_text[key] = t
+            return t
+        return _text(v)
+
     def split(self, body: Any, fast: bool, memo: dict | None = None) -> list[int] | None:
         """Blob ids of ``body`` in order, or None when it keeps the inline form."""
         if not isinstance(body, dict):
@@ -380,28 +443,40 @@ class _Blobs:
             for i, (k, v) in enumerate(body.items()):
                 if not isinstance(k, str):
                     raise _Unsplittable
-                glue.append(("{" if i == 0 else ",") + _text(k) + ":")
+                glue.append(("{" if i == 0 else ",") + self._value_text(k) + ":")
                 if k in ("tools", "messages") and isinstance(v, list):
                     kind = "tool" if k == "tools" else "message"
                     glue.append("[")
-                    for j, item in enumerate(v):
-                        if j:
-                            glue.append(",")
-                        ids.append(self._glue("".join(glue)))
+                    parts = self._list_parts(kind, v) if fast and memo is None and v else None
+                    if parts is not None:
+                        # [first, comma, second, comma, ...] interleaved with the parts
+                        seps = [self._glue(",") if len(parts) > 1 else 0] * len(parts)
+                        seps[0] = self._glue("".join(glue))
                         glue = []
-                        ids.append(self._part(kind, item, fast, memo))
+                        run = [0] * (2 * len(parts))
+                        run[0::2] = seps
+                        run[1::2] = parts
+                        ids.extend(run)
+                    else:
+                        for j, item in enumerate(v):
+                            if j:
+                                glue.append(",")
+                            ids.append(self._glue("".join(glue)))
+                            glue = []
+                            ids.append(self._part(kind, item, fast, memo))
                     glue.append("]")
                 elif k == "system":
                     ids.append(self._glue("".join(glue)))
                     glue = []
                     ids.append(self._part("system", v, fast, memo))
                 else:
-                    glue.append(_text(v))
+                    glue.append(self._value_text(v))
             if not body:
                 glue.append("{")
             glue.append("}")
             ids.append(self._glue("".join(glue)))
         except _Unsplittable:
+            self._forget_keys()  # it may list ids about to leave ``known``
             for bid in self.ids[n_before:]:  # drop what this body added
                 self.known.discard(bid)
             del self.ids[n_before:], self.kinds[n_before:], self.texts[n_before:]
@@ -419,6 +494,7 @@ class _Blobs:
 
     def discard(self, whole_file: bool) -> None:
         """Forget pending blobs (and, after a rollback, this file's flushed ones)."""
+        self._forget_keys()
         for bid in self.ids:
             self.known.discard(bid)
         if whole_file:
@@ -719,31 +795,42 @@ def ingest(
 
         fbar = tqdm(total=len(files), unit="file", desc="ingest", file=sys.stderr)
         lbar = tqdm(unit="line", desc="records", file=sys.stderr)
+    # Hashing runs in a thread beside the parsing (hashlib releases the GIL): a
+    # path already in `sources` (a re-run) waits for its hash before anything is
+    # read; any other file is loaded straight away inside its transaction, and
+    # rolled back if its hash turns out to be known (the same content under a
+    # new path).
+    known_paths = {r[0] for r in con.execute("SELECT path FROM sources").fetchall()}
+    hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-sha256")
+    hashes = {path: hasher.submit(_sha256, path) for path in dict.fromkeys(files)}
     try:
         for path in files:
             summary.files += 1
-            try:
-                sha = _sha256(path)
-            except OSError as e:  # cannot even read it: no sources row, retried next time
-                writer.reject(None, path, None, "unreadable_file", _describe_error(e))
-                writer.flush()
-                _add(summary, _FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
-                _tick(fbar)
-                continue
-            if sha in known:
-                summary.skipped_files += 1
-                _tick(fbar)
-                continue
+            sha: str | None = None
+            fut = hashes[path]
+            if path in known_paths or fut.done():
+                try:
+                    sha = fut.result()
+                except OSError as e:
+                    _unreadable(writer, summary, path, e)
+                    _tick(fbar)
+                    continue
+                if sha in known:
+                    summary.skipped_files += 1
+                    _tick(fbar)
+                    continue
             sid = next_sid
             if blobs is not None:
                 blobs.file_flushed = []
             con.begin()
             try:
                 job = _FileIngest(writer, path, sid, next_id, format, opts, lbar)
+                open_error: OSError | None = None
+                used_ids = True
                 try:
                     stats = job.run()
-                    next_id = job.next_id
                 except _ReadError as e:
+                    used_ids = False
                     # all or nothing: drop what this file already wrote
                     writer.discard()
                     con.execute("DELETE FROM requests WHERE source_id = ?", [sid])
@@ -751,6 +838,25 @@ def ingest(
                     writer.reject(sid, path, None, "unreadable_file", f"cannot read or decompress the file: {e}")
                     stats = _FileStats(format=job.stats.format, lines=1, rejected=1,
                                        by_reason={"unreadable_file": 1})
+                except OSError as e:  # could not even open it: its hash decides below
+                    open_error = e
+                if sha is None:
+                    try:
+                        sha = fut.result()
+                    except OSError as e:
+                        writer.discard(whole_file=True)
+                        con.rollback()
+                        _unreadable(writer, summary, path, e)
+                        _tick(fbar)
+                        continue
+                    if sha in known:
+                        writer.discard(whole_file=True)
+                        con.rollback()
+                        summary.skipped_files += 1
+                        _tick(fbar)
+                        continue
+                if open_error is not None:
+                    raise open_error
                 writer.flush()
                 con.execute(
                     "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected) "
@@ -762,16 +868,26 @@ def ingest(
                 writer.discard(whole_file=True)
                 con.rollback()
                 raise
+            if used_ids:
+                next_id = job.next_id
             known.add(sha)
             next_sid += 1
             _add(summary, stats)
             _tick(fbar)
     finally:
+        hasher.shutdown(wait=False, cancel_futures=True)
         con.close()
         for bar in (lbar, fbar):
             if bar is not None:
                 bar.close()
     return summary
+
+
+def _unreadable(writer: _Writer, summary: IngestSummary, path: str, e: OSError) -> None:
+    """A file that cannot even be hashed: one reject, no sources row (retried next time)."""
+    writer.reject(None, path, None, "unreadable_file", _describe_error(e))
+    writer.flush()
+    _add(summary, _FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
 
 
 def _tick(bar: Any) -> None:

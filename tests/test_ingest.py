@@ -403,6 +403,57 @@ def test_idempotent_reingest(con, tmp_path):
     assert ingest(con, [str(tmp_path / "copy.jsonl")]).skipped_files == 1
 
 
+@pytest.fixture(params=[False, True], ids=["fast-hash", "slow-hash"])
+def slow_hash(request, monkeypatch):
+    """A file is loaded while its hash is computed beside it. A slow hash makes
+    every file take that optimistic path; otherwise small files are hashed first."""
+    if request.param:
+        import replay.ingest as ingest_mod
+
+        real = ingest_mod._sha256
+
+        def slow(path):
+            time.sleep(0.2)
+            return real(path)
+
+        monkeypatch.setattr(ingest_mod, "_sha256", slow)
+    return request.param
+
+
+def test_same_content_twice_in_one_run(con, tmp_path, slow_hash):
+    """A second path with the same bytes is rolled back once its hash is known —
+    rows, rejects, blobs and request ids all as if it had never been read."""
+    recs = [anthropic_wrapped(ts=i) for i in range(4)] + ["{broken"]
+    a = write_jsonl(tmp_path / "a.jsonl", recs)
+    (tmp_path / "b.jsonl").write_bytes(a.read_bytes())
+    c = write_jsonl(tmp_path / "c.jsonl", [anthropic_wrapped(ts=7)])
+    s = ingest(con, [str(a), str(tmp_path / "b.jsonl"), str(c)])
+    check_reconciles(con, s)
+    assert (s.files, s.skipped_files, s.loaded, s.rejected) == (3, 1, 5, 1)
+    assert con.execute("SELECT count(*) FROM rejects").fetchone()[0] == 1
+    assert con.execute("SELECT path FROM sources ORDER BY source_id").fetchall() == [(str(a),), (str(c),)]
+    assert con.execute("SELECT request_id, source_id FROM requests WHERE ts = 7").fetchone() == (5, 2)
+    # no blob is stored twice, and every body reads back whole
+    assert con.execute("SELECT count(*) - count(DISTINCT blob_id) FROM blobs").fetchone()[0] == 0
+    assert con.execute("SELECT count(*) FROM request_bodies WHERE body IS NULL").fetchone()[0] == 0
+    bodies = con.execute("SELECT body FROM request_bodies ORDER BY request_id").fetchall()
+    assert [json.loads(b[0])["messages"] for b in bodies[:4]] == [r["request"]["messages"] for r in recs[:4]]
+
+
+def test_file_vanishing_before_it_is_read(con, tmp_path, monkeypatch, slow_hash):
+    import replay.ingest as ingest_mod
+
+    good = write_jsonl(tmp_path / "good.jsonl", [anthropic_wrapped()])
+    gone = str(tmp_path / "gone.jsonl")
+    monkeypatch.setattr(ingest_mod, "expand_paths", lambda paths: [gone, str(good)])
+    s = ingest(con, ["ignored"])
+    check_reconciles(con, s)
+    assert (s.files, s.loaded, s.rejected, s.rejected_by_reason) == (2, 1, 1, {"unreadable_file": 1})
+    assert con.execute("SELECT source_id, path, reason FROM rejects").fetchall() == [(None, gone, "unreadable_file")]
+    assert con.execute("SELECT path FROM sources").fetchall() == [(str(good),)]
+    assert con.execute("SELECT request_id FROM requests").fetchall() == [(1,)]
+
+
 def test_gz_and_zst(con, tmp_path):
     write_jsonl(tmp_path / "a.jsonl.gz", [anthropic_wrapped(ts=1)], opener=gzip.open)
     cctx = zstandard.ZstdCompressor()
