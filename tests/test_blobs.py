@@ -60,9 +60,16 @@ def test_sample_blobs_equal_inline(tok):
     assert all((a[i] == b[i]).all() for i in ids)
 
 
-def test_long_agent_sessions_blobs_equal_inline(tmp_path, tok):
+@pytest.mark.parametrize("memo_entries", [None, 7])
+def test_long_agent_sessions_blobs_equal_inline(tmp_path, tok, monkeypatch, memo_entries):
+    """Also with a tiny key memo, so its generations turn over all the time."""
+    if memo_entries is not None:
+        import replay.ingest
+
+        monkeypatch.setattr(replay.ingest, "KEY_MEMO_ENTRIES", memo_entries)
     generate(tmp_path, seed=3, scale=0.5, days=1, turns=20, chat_share=0.3)
-    _same([str(tmp_path)], tok)
+    _, con_b = _same([str(tmp_path)], tok)
+    assert con_b.execute("SELECT count(*) - count(DISTINCT blob_id) FROM blobs").fetchone()[0] == 0
 
 
 @pytest.mark.skipif(not TRAJ, reason="shared trajectories not present")
