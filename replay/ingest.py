@@ -218,14 +218,21 @@ def _describe_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[:200]}" if msg else type(e).__name__
 
 
-class _Slow:
-    """Marks a record parsed by the standard library (orjson refused it): its body
-    parts are then keyed by the standard serializer, never by orjson's."""
+# orjson reads an integer literal outside 64 bits as a float (1e30 for 10**30),
+# where the standard parser keeps the integer: lines with a run of 19 digits or
+# more (inside strings too — cheap to test, rare) go to the standard parser.
+_DIGIT_MAP = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # digits → "0", others → " "
+_LONG_DIGITS = b"0" * 19
+
+
+def _orjson_safe(raw: bytes) -> bool:
+    return orjson is not None and _LONG_DIGITS not in raw.translate(_DIGIT_MAP)
 
 
 def _parse_line(raw: bytes, slow: set | None = None, line_no: int = 0) -> Any:
     """Parsed JSON of one line, or a Reject."""
-    if orjson is not None:
+    fast = _orjson_safe(raw)
+    if fast:
         try:
             return orjson.loads(raw)  # the common case, without copying the line to strip it
         except (orjson.JSONDecodeError, RecursionError):
@@ -235,7 +242,7 @@ def _parse_line(raw: bytes, slow: set | None = None, line_no: int = 0) -> Any:
         return Reject("blank_line", "empty line")
     if s.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
         s = s[3:]
-    if orjson is not None:
+    if fast:
         try:
             return orjson.loads(s)
         except (orjson.JSONDecodeError, RecursionError):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -78,7 +79,9 @@ class SegmentStore:
     def concat(self, seg_ids) -> np.ndarray:
         if not seg_ids:
             return np.empty(0, dtype=np.int32)
-        return np.concatenate([self._tokens[s] for s in seg_ids])
+        if len(seg_ids) == 1:
+            return self._tokens[seg_ids[0]].copy()
+        return np.concatenate(itemgetter(*seg_ids)(self._tokens))
 
     def __len__(self) -> int:
         return len(self._tokens)

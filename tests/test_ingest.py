@@ -454,6 +454,21 @@ def test_file_vanishing_before_it_is_read(con, tmp_path, monkeypatch, slow_hash)
     assert con.execute("SELECT request_id FROM requests").fetchall() == [(1,)]
 
 
+def test_integers_beyond_64_bits_keep_their_digits(con, tmp_path):
+    """orjson would read them as floats: such lines go to the standard parser."""
+    big, neg = 123456789012345678901234567890, -9999999999999999999
+    rec = anthropic_wrapped(ts=1)
+    rec["request"]["metadata"]["n"] = big
+    rec["request"]["messages"].append({"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"seed": neg, "ok": 18446744073709551615}}]})
+    p = write_jsonl(tmp_path / "a.jsonl", [rec, anthropic_wrapped(ts=2)])
+    s = ingest(con, [str(p)])
+    check_reconciles(con, s)
+    body = json.loads(con.execute("SELECT body FROM request_bodies WHERE request_id = 1").fetchone()[0])
+    assert body["metadata"]["n"] == big and isinstance(body["metadata"]["n"], int)
+    assert body["messages"][-1]["content"][0]["input"] == {"seed": neg, "ok": 18446744073709551615}
+
+
 def test_gz_and_zst(con, tmp_path):
     write_jsonl(tmp_path / "a.jsonl.gz", [anthropic_wrapped(ts=1)], opener=gzip.open)
     cctx = zstandard.ZstdCompressor()
