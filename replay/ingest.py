@@ -43,6 +43,7 @@ from .formats import (
     convert_trajectory,
     detect_record,
     normalize_fields,
+    orjson_safe,
     strip_nulls,
 )
 
@@ -218,20 +219,9 @@ def _describe_error(e: BaseException) -> str:
     return f"{type(e).__name__}: {msg[:200]}" if msg else type(e).__name__
 
 
-# orjson reads an integer literal outside 64 bits as a float (1e30 for 10**30),
-# where the standard parser keeps the integer: lines with a run of 19 digits or
-# more (inside strings too — cheap to test, rare) go to the standard parser.
-_DIGIT_MAP = bytes(48 if 48 <= i <= 57 else 32 for i in range(256))  # digits → "0", others → " "
-_LONG_DIGITS = b"0" * 19
-
-
-def _orjson_safe(raw: bytes) -> bool:
-    return orjson is not None and _LONG_DIGITS not in raw.translate(_DIGIT_MAP)
-
-
 def _parse_line(raw: bytes, slow: set | None = None, line_no: int = 0) -> Any:
     """Parsed JSON of one line, or a Reject."""
-    fast = _orjson_safe(raw)
+    fast = orjson_safe(raw)  # (a line with a huge integer literal: the standard parser)
     if fast:
         try:
             return orjson.loads(raw)  # the common case, without copying the line to strip it
@@ -314,6 +304,21 @@ def _text(obj: Any) -> str:
     return s
 
 
+# Digits → "0", ".eE" → ".", anything else → " ": a float in JSON always shows as "0."
+_FLOAT_MAP = bytes(48 if 48 <= i <= 57 else 46 if i in b".eE" else 32 for i in range(256))
+
+
+def _text_of(serialized: bytes, obj: Any) -> str:
+    """``_text(obj)`` from orjson's serialization of it when the two are bound to be
+    equal — compact, key order kept, the same string escapes (every code point
+    checked); they differ only in how floats are written, so anything that might
+    hold a float (a digit before ".", "e" or "E", inside strings too) is
+    serialized again by the standard library."""
+    if b"0." in serialized.translate(_FLOAT_MAP):
+        return _text(obj)
+    return serialized.decode("utf-8")
+
+
 class _Blobs:
     """Splits request bodies into content-addressed blobs (see docs/architecture.md).
 
@@ -383,7 +388,7 @@ class _Blobs:
             key = b"s" + text.encode("utf-8")
         bid = _blob_id(kind.encode("ascii") + b"\0" + key)
         if bid not in self.known:
-            self._add(bid, kind, text if text is not None else _text(obj))
+            self._add(bid, kind, text if text is not None else _text_of(key[1:], obj))
         if memo is not None:
             memo[id(obj)] = (obj, bid)
         return bid
@@ -413,7 +418,7 @@ class _Blobs:
                     if bid is None:
                         bid = _blob_id(prefix + keys[j])
                         if bid not in self.known:
-                            self._add(bid, kind, _text(items[j]))
+                            self._add(bid, kind, _text_of(keys[j], items[j]))
                     young[hashes[j]] = bids[j] = bid
                     self._young_size += 1
             if self._young_size > KEY_MEMO_ENTRIES:

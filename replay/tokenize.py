@@ -36,6 +36,7 @@ replay reads ``block_ids`` directly).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import time
@@ -47,6 +48,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import db
+from .formats import loads
 from .render import MARKERS, render_output, render_part, render_request
 
 DEEPSEEK_NAME = "deepseek-v4"
@@ -163,6 +165,18 @@ class Tok:
             encs = self._tk.encode_batch_fast([_sanitize(t) for t in texts],
                                               add_special_tokens=False)
         return [e.ids for e in encs]
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """``encode_batch`` as int32 arrays."""
+        flat, lengths = self._encode_flat(texts)
+        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+    def _encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(all ids concatenated as int32, each text's count)."""
+        lists = self.encode_batch(texts)
+        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(lengths.sum()))
+        return flat, lengths
 
     def image_tokens(self, sha_hex: str, n_tokens: int) -> np.ndarray:
         """Deterministic run of ``n_tokens`` ids in [0, base vocab) seeded by the hash."""
@@ -313,7 +327,7 @@ def _encode_batches(tok: "Tok", texts: list[str], batch_chars: int) -> list[np.n
         while end < len(texts) and (end == start or chars + len(texts[end]) <= batch_chars):
             chars += len(texts[end])
             end += 1
-        out.extend(np.asarray(ids, dtype=np.int32) for ids in tok.encode_batch(texts[start:end]))
+        out.extend(tok.encode_arrays(texts[start:end]))
         start = end
     return out
 
@@ -407,7 +421,7 @@ class _BlobCache:
             if kind == "glue":
                 self.entries[bid] = None
                 continue
-            pieces = render_part(kind, json.loads(text))
+            pieces = render_part(kind, loads(text))
             self.entries[bid] = [kind, [add(p) for p in pieces], [p[2] for p in pieces], None]
         missing = want.difference(self.entries)
         if missing:
@@ -525,13 +539,13 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                         else:
                             if bodies[i] is None:
                                 raise ValueError("no body")
-                            body = json.loads(bodies[i])
+                            body = loads(bodies[i])
                             pieces = render_request(body, fmt)
                             seg_ids = [store.add_piece(p) for p in pieces]
                             parts = [p[2] for p in pieces]
                         out_ids = None
                         if outputs[i] is not None:
-                            out = json.loads(outputs[i])
+                            out = loads(outputs[i])
                             if out is not None:
                                 out_ids = [store.add_piece(p) for p in render_output(out, fmt)]
                 except Exception as exc:  # noqa: BLE001 - counted, reported, never silent

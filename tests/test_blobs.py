@@ -94,6 +94,14 @@ def test_edge_bodies_blobs_equal_inline(tmp_path, tok):
             {"role": "assistant", "content": "s", "tool_calls": [{"id": "1", "type": "function",
              "function": {"name": "f", "arguments": "{}"}}]}], "tools": [{"name": "f", "input_schema": {}}],
             "big": 12345678901234567890123, "f": 1.5e300}}),
+        # floats inside parts (orjson writes them differently: the standard text is kept),
+        # look-alikes in strings, control characters, every escape
+        json.dumps({"timestamp": 7, "request": {"system": "v1.5 e.g. 2e3 \u0000\u001f\u2028 \"q\" \\", "messages": [
+            {"role": "user", "content": "1. first\n2. second\tend \u007f"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f",
+             "input": {"a": 1e-05, "b": 0.1, "c": 2.5e-07, "d": 1e16, "e": -0.0, "n": 3}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "ok"}]}],
+            "tools": [{"name": "f", "input_schema": {"type": "object", "minimum": 0.5}}], "temperature": 0.7}}),
         # the same conversation again: its messages are stored once
         json.dumps({"timestamp": 6, "request": {"messages": [{"role": "user", "content": "ü €"}],
                     "system": [{"type": "text", "text": "sys"}], "tools": [], "max_tokens": 5}},
