@@ -88,10 +88,11 @@ def _grid(ttls, blocks, mins, streams) -> Grid:
     return Grid(ttls=ttls, blocks=blocks, min_prefixes=mins, streams=streams)
 
 
-def _ingest(con, logs, fmt, fields, time_unit, quiet=False) -> None:
+def _ingest(con, logs, fmt, fields, time_unit, quiet=False, tokenizer=None) -> None:
     from .ingest import summary_text
 
-    summary = pipeline.ingest(con, logs, format=fmt, fields=fields, time_unit=time_unit, progress=True)
+    summary = pipeline.ingest(con, logs, format=fmt, fields=fields, time_unit=time_unit, progress=True,
+                              tokenizer=tokenizer)
     if not quiet or summary.rejected:
         click.echo(summary_text(summary), err=True)
     total = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
@@ -240,8 +241,8 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     if fresh and Path(db_path).exists():
         Path(db_path).unlink()
     con = db.connect(db_path)
-    tok = pipeline.load_tokenizer(tokenizer)  # its fast encoder loads while the logs are ingested
-    _ingest(con, logs, fmt, fields, time_unit)
+    tok = pipeline.load_tokenizer(tokenizer)  # its encoder process loads and works while ingest runs
+    _ingest(con, logs, fmt, fields, time_unit, tokenizer=tok)
     from . import report
 
     path = report.write_report(con, Path(out) / name, grid, title=f"Prefix-cache sizing — {name}",

@@ -16,6 +16,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -42,8 +43,9 @@ from .formats import (
     dumps,
     convert_trajectory,
     detect_record,
+    JSONDecodeError,
+    loads_fast,
     normalize_fields,
-    orjson_safe,
     strip_nulls,
 )
 
@@ -52,6 +54,8 @@ __all__ = ["IngestSummary", "ingest", "summary_text", "expand_paths"]
 INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
 COMPRESSION_SUFFIXES = (".gz", ".zst")
 BATCH_ROWS = 5000
+READ_BUFFER = 1 << 20
+WARM_BATCH_CHARS = 256_000  # new body parts handed to the encoder process at a time
 # Store chat bodies as content-addressed blobs (requests.body_blobs) rather than
 # whole (requests.body). Off by default only until every reader of bodies reads
 # the `request_bodies` view (see docs/architecture.md); bench/ turns it on.
@@ -190,14 +194,16 @@ def _sha256(path: str) -> str:
 
 def _open_binary(path: str) -> io.BufferedIOBase:
     """Binary stream of the decompressed content (gzip/zstd recognised by magic bytes)."""
-    fh = open(path, "rb")
+    # A 1 MB buffer: agent log lines are tens of KB, and iterating lines through
+    # the default 8 KB buffer costs ten times more (measured in bench/README.md).
+    fh = open(path, "rb", buffering=READ_BUFFER)
     magic = fh.read(4)
     fh.seek(0)
     if magic[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=fh, mode="rb")  # type: ignore[return-value]
+        return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), buffer_size=READ_BUFFER)  # type: ignore
     if magic == b"\x28\xb5\x2f\xfd":
         reader = zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)
-        return io.BufferedReader(reader, buffer_size=1 << 20)
+        return io.BufferedReader(reader, buffer_size=READ_BUFFER)
     return fh
 
 
@@ -220,23 +226,21 @@ def _describe_error(e: BaseException) -> str:
 
 
 def _parse_line(raw: bytes, slow: set | None = None, line_no: int = 0) -> Any:
-    """Parsed JSON of one line, or a Reject."""
-    fast = orjson_safe(raw)  # (a line with a huge integer literal: the standard parser)
-    if fast:
-        try:
-            return orjson.loads(raw)  # the common case, without copying the line to strip it
-        except (orjson.JSONDecodeError, RecursionError):
-            pass  # blank, BOM, NaN, …: decided below
+    """Parsed JSON of one line, or a Reject. Lines the fast parser refuses are
+    read by the standard one (and noted in ``slow``)."""
+    try:
+        return loads_fast(raw)  # the common case, without copying the line to strip it
+    except (JSONDecodeError, RecursionError):
+        pass  # blank, BOM, NaN, lone surrogates, invalid: decided below
     s = raw.strip()
     if not s:
         return Reject("blank_line", "empty line")
     if s.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
         s = s[3:]
-    if fast:
         try:
-            return orjson.loads(s)
-        except (orjson.JSONDecodeError, RecursionError):
-            pass  # NaN, huge integers, lone surrogates, invalid: the standard parser decides
+            return loads_fast(s)
+        except (JSONDecodeError, RecursionError):
+            pass
     if slow is not None:
         slow.add(line_no)
     try:
@@ -308,13 +312,29 @@ def _text(obj: Any) -> str:
 _FLOAT_MAP = bytes(48 if 48 <= i <= 57 else 46 if i in b".eE" else 32 for i in range(256))
 
 
+def _floats_print_alike(obj: Any) -> bool:
+    """True when every float in ``obj`` is written alike by orjson and the standard
+    library (``repr``: 0.5, 1.5, 100.0 are; 1e16 against 1e+16, or inf, are not)."""
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is dict:
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
+        elif t is float and orjson.dumps(v) != float.__repr__(v).encode("ascii"):
+            return False
+    return True
+
+
 def _text_of(serialized: bytes, obj: Any) -> str:
     """``_text(obj)`` from orjson's serialization of it when the two are bound to be
     equal — compact, key order kept, the same string escapes (every code point
-    checked); they differ only in how floats are written, so anything that might
-    hold a float (a digit before ".", "e" or "E", inside strings too) is
-    serialized again by the standard library."""
-    if b"0." in serialized.translate(_FLOAT_MAP):
+    checked); they differ only in how some floats are written, so a text that
+    may hold a float (a digit before ".", "e" or "E", inside strings too) has its
+    floats compared, and is serialized again by the standard library if one differs."""
+    if b"0." in serialized.translate(_FLOAT_MAP) and not _floats_print_alike(obj):
         return _text(obj)
     return serialized.decode("utf-8")
 
@@ -329,11 +349,16 @@ class _Blobs:
     Each tool definition, system value and message is stored once however many
     requests repeat it (an agent resends its whole conversation every turn).
     Blob ids: first 8 bytes of blake2b over kind + serialization (orjson's for
-    records orjson parsed, prefixed ``o``; the standard one's, prefixed ``s``).
+    records the fast parser read, prefixed ``o``; the standard one's, prefixed ``s``).
     """
 
-    def __init__(self, known: set[int]):
+    def __init__(self, known: set[int], warm=None):
         self.known = known
+        # new tools/system values/messages are handed to ``warm`` (the encoder
+        # process encodes them ahead, on the other core) in batches of WARM_BATCH_CHARS
+        self.warm = warm
+        self._warm_parts: list[tuple[str, str]] = []
+        self._warm_chars = 0
         self._glue_ids: dict[str, int] = {}
         self._scalar_text: dict[tuple, str] = {}
         # Python's hash of orjson's serialization → blob id, per kind: an agent
@@ -356,11 +381,21 @@ class _Blobs:
         self.bytes = 0
 
     def _add(self, bid: int, kind: str, text: str) -> None:
+        if self.warm is not None and kind != "glue":
+            self._warm_parts.append((kind, text))
+            self._warm_chars += len(text)
+            if self._warm_chars >= WARM_BATCH_CHARS:
+                self.send_warm()
         self.known.add(bid)
         self.ids.append(bid)
         self.kinds.append(kind)
         self.texts.append(text)
         self.bytes += len(text)
+
+    def send_warm(self) -> None:
+        if self._warm_parts:
+            self.warm(self._warm_parts)
+            self._warm_parts, self._warm_chars = [], 0
 
     def _glue(self, text: str) -> int:
         bid = self._glue_ids.get(text)  # the same few separators and key runs, over and over
@@ -436,6 +471,13 @@ class _Blobs:
                 if len(self._scalar_text) < 10_000:
                     self._scalar_text[key] = t
             return t
+        if type(v) is float and math.isfinite(v):
+            return float.__repr__(v)  # what the standard library writes
+        if orjson is not None and type(v) in (dict, list):
+            try:
+                return _text_of(orjson.dumps(v), v)
+            except (TypeError, orjson.JSONEncodeError):
+                pass  # an integer beyond 64 bits, a lone surrogate: the standard library decides
         return _text(v)
 
     def split(self, body: Any, fast: bool, memo: dict | None = None) -> list[int] | None:
@@ -766,6 +808,7 @@ def ingest(
     time_unit: str | None = None,
     progress: bool = False,
     body_blobs: bool | None = None,
+    warm=None,
 ) -> IngestSummary:
     """Load request logs into `requests` / `rejects` / `sources`.
 
@@ -777,6 +820,9 @@ def ingest(
     (`requests.body_blobs`); False stores each whole body in `requests.body`;
     None (default) follows DEFAULT_BODY_BLOBS.
     Either way the `request_bodies` view gives the same body text.
+    `warm`: a callable given lists of (kind, JSON text) of the new body parts as
+    they are found (``Tok.warm``: the encoder process encodes them ahead) — a
+    hint that changes no result.
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -799,7 +845,7 @@ def ingest(
     blobs = None
     if body_blobs:
         known_blobs = con.execute("SELECT blob_id FROM blobs").fetchnumpy()["blob_id"]
-        blobs = _Blobs(set(known_blobs.tolist()))
+        blobs = _Blobs(set(known_blobs.tolist()), warm)
     writer = _Writer(con, blobs=blobs)
     fbar = lbar = None
     if progress:
@@ -888,6 +934,8 @@ def ingest(
             _tick(fbar)
     finally:
         hasher.shutdown(wait=False, cancel_futures=True)
+        if blobs is not None and blobs.warm is not None:
+            blobs.send_warm()
         con.close()
         for bar in (lbar, fbar):
             if bar is not None:

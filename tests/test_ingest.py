@@ -653,3 +653,96 @@ def test_directories_skip_underscore_and_hidden_files(tmp_path):
     # named explicitly, it is taken (and here rejected as an unknown format)
     s = ingest(db.connect(None), [str(tmp_path / "_truth.jsonl")])
     assert s.rejected_by_reason == {"unknown_format": 1}
+
+
+# ----------------------------------------------------------------- the fast JSON paths
+
+def _random_json(rng, depth: int = 0) -> str:
+    """A random JSON text: odd numbers (huge ints, exponents, -0), escapes, nesting."""
+    import struct
+
+    def number():
+        k = rng.random()
+        if k < 0.25:
+            return repr(struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0])
+        if k < 0.5:
+            return str(rng.randint(-10 ** 30, 10 ** 30))
+        if k < 0.75:
+            return f"{rng.randint(0, 10 ** rng.randint(1, 22))}.{rng.randint(0, 10 ** rng.randint(1, 22))}e{rng.randint(-330, 310)}"
+        return rng.choice(["0", "-0", "-0.0", "1E5", "1e-5", "2.5E+3", "9007199254740993", "18446744073709551616",
+                           "-9223372036854775809", "5e-324", "1.7976931348623157e308", "1e400", "100.0"])
+
+    def string():
+        parts = [rng.choice(['\\n', '\\"', '\\\\', '\\/', '\\b', '\\u00e9', '\\u2028', '\\ud83d\\ude00', '\\ud800',
+                             '\\u0000', 'ab cé€😀', '12.5e3', str(rng.randint(0, 10 ** 20))])
+                 for _ in range(rng.randint(0, 5))]
+        return '"' + "".join(parts) + '"'
+
+    k = rng.random()
+    if depth > 3 or k < 0.4:
+        return rng.choice([number, string, lambda: rng.choice(["true", "false", "null"])])()
+    if k < 0.7:
+        return "[" + ",".join(_random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))) + "]"
+    return "{" + ",".join(f"{string()}:{_random_json(rng, depth + 1)}" for _ in range(rng.randint(0, 4))) + "}"
+
+
+def _same_value(a, b) -> bool:
+    import math
+
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return a == b and math.copysign(1, a) == math.copysign(1, b) or (a != a and b != b)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same_value, a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same_value(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_fast_parser_reads_what_the_standard_parser_reads():
+    import random
+
+    from replay.formats import JSONDecodeError, loads, loads_fast
+    from replay.ingest import _parse_line
+
+    rng = random.Random(0)
+    refused = 0
+    for _ in range(30_000):
+        text = _random_json(rng)
+        try:
+            want = json.loads(text)
+        except json.JSONDecodeError:
+            continue  # the generator's rare invalid text
+        try:
+            got = loads_fast(text.encode())
+        except JSONDecodeError:
+            refused += 1  # the standard parser reads these (NaN, 1e400, lone surrogates)
+            got = loads(text)
+        assert _same_value(got, want), text
+        assert _same_value(_parse_line(text.encode() + b"\n"), want), text
+    assert refused > 0  # the fallback was exercised too
+
+
+def test_blob_text_equals_the_standard_serialization():
+    import random
+
+    import orjson
+
+    from replay.ingest import _text, _text_of
+
+    rng = random.Random(1)
+    for _ in range(20_000):
+        try:
+            obj = json.loads(_random_json(rng))
+        except json.JSONDecodeError:
+            continue
+        try:
+            ser = orjson.dumps(obj)
+        except (TypeError, orjson.JSONEncodeError):
+            continue  # integers beyond 64 bits, lone surrogates: the standard path is taken
+        try:
+            want = _text(obj)
+        except Exception:
+            continue
+        assert _text_of(ser, obj) == want

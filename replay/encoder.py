@@ -1,0 +1,543 @@
+"""Text → token ids for the tokenize stage: fast, and exactly what ``tokenizers`` gives.
+
+The reference is Hugging Face ``tokenizers`` (the tokenizer.json as shipped).
+:class:`Engine` gets the same ids for less work in two ways:
+
+* **Line pieces** (tokenizers whose pre-tokenizer is known to allow it — the
+  default DeepSeek-V4 one): a text is cut after a line break when the next line
+  starts (after spaces/tabs) with a character no definition counts as
+  whitespace. The pre-tokenizer never joins text across such a point — its
+  matches are found left to right and none reaches past the line break — so the
+  ids of the pieces, concatenated, are the ids of the text. Pieces are cached:
+  an agent's new messages repeat lines of earlier ones (a system prompt whose
+  date line changed, a file read twice), so the reference encodes only the
+  unique lines.
+* **fastokens** (when installed): a Rust BPE encoder for the same tokenizer.json,
+  30-60x faster than the reference but ~2 s to build. It is built once the text
+  handed to the reference passes ``FASTOKENS_AFTER_CHARS`` (or at once with
+  backend ``fastokens``), and takes over when ready.
+
+Both shortcuts are checked on every batch: every ``VERIFY_EVERY``-th text
+(at least one) is encoded whole by the reference and compared; a difference
+turns that shortcut off for good (a warning on stderr) and the batch is
+encoded again without it. So a disagreement can cost speed, never a count that
+goes unnoticed in the sample.
+
+:class:`EncoderProcess` runs an Engine in a child process (``python -m
+replay.encoder``): building a ``tokenizers.Tokenizer`` holds the interpreter
+lock for ~0.4 s, and there it costs the caller nothing; ``warm()`` hands it
+body parts the ingest stage has just found, which it renders and encodes on the
+other core while ingest goes on, so the tokenize stage later finds them done.
+The protocol is pickled frames on the child's stdin/stdout.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import pickle
+import re
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .render import MARKERS
+
+BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
+BACKENDS = ("auto", "tokenizers", "fastokens")
+VERIFY_EVERY = 50                  # every 50th text of a batch is checked against the reference
+FASTOKENS_AFTER_CHARS = 4_000_000  # ~2 s of the reference's work here: then fastokens pays for its build
+PIECE_CACHE_TOKENS = 8_000_000     # line pieces kept (ids); cleared when full
+WARM_CACHE_TOKENS = 16_000_000     # ids of warmed texts kept for the tokenize stage
+WARM_BACKLOG_CHARS = 64_000_000    # body parts waiting to be warmed; more are dropped (they are only hints)
+
+# After a line break, spaces/tabs, then a character that is not whitespace in any
+# definition (ASCII printable, or a letter/digit/underscore).
+_LINE_CUT = re.compile(r"(?<=[\r\n])(?=[ \t]*[!-~\w])")
+
+# The pre-tokenizer the line-piece argument was made (and is tested) for:
+# DeepSeek-V3/V4's digits / CJK / main-regex splits, then byte-level.
+_SAFE_PRE_TOKENIZER = {
+    "type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"}, "behavior": "Isolated", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|"
+                                               "[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|"
+                                               "\\s*[\r\n]+|\\s+(?!\\S)|\\s+"},
+         "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+
+
+def line_pieces(text: str) -> list[str]:
+    """``text`` cut after line breaks where the tokenizer cannot join across (module docstring)."""
+    return _LINE_CUT.split(text)
+
+
+def _sanitize(text: str) -> str:
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def prepare_tokenizer(tokenizer, name: str = "") -> dict:
+    """Make every neutral-template marker a special token of ``tokenizer`` (a
+    ``tokenizers.Tokenizer``, changed in place). Returns what callers need:
+    ``vocab_size`` (base vocabulary), ``marker_ids``, ``markers_added``."""
+    from tokenizers import AddedToken
+
+    vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=False)) or 1
+    added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+    missing = [s for s in MARKERS.values() if s not in added]
+    if missing:
+        tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in missing])
+    marker_ids = {}
+    for marker, s in MARKERS.items():
+        tid = tokenizer.token_to_id(s)
+        if tid is None:  # pragma: no cover - add_special_tokens always succeeds
+            raise RuntimeError(f"marker {s!r} missing from tokenizer {name}")
+        marker_ids[marker] = int(tid)
+    return {"vocab_size": vocab_size, "marker_ids": marker_ids, "markers_added": bool(missing)}
+
+
+def line_pieces_safe(tokenizer) -> bool:
+    """True when ``tokenizer`` is one the line-piece argument holds for: the known
+    pre-tokenizer, no normalizer, and no added token holding a line break."""
+    import json
+
+    try:
+        pre = tokenizer.pre_tokenizer
+        pre_state = json.loads(pre.__getstate__()) if pre is not None else None
+        norm = tokenizer.normalizer
+        norm_state = json.loads(norm.__getstate__()) if norm is not None else None
+    except Exception:  # noqa: BLE001 - anything unexpected: no shortcut
+        return False
+    if pre_state != _SAFE_PRE_TOKENIZER:
+        return False
+    if norm_state not in (None, {"type": "Sequence", "normalizers": []}):
+        return False
+    return not any(("\n" in t.content or "\r" in t.content)
+                   for t in tokenizer.get_added_tokens_decoder().values())
+
+
+class _Background:
+    """Runs ``fn`` in a daemon thread; ``result()`` waits and returns (or raises) its outcome."""
+
+    def __init__(self, fn, name: str):
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name=name)
+        self._thread.start()
+
+    def _run(self, fn) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _flat(arrays: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+    flat = np.concatenate(arrays).astype(np.int32, copy=False) if arrays else np.zeros(0, np.int32)
+    return flat, lengths
+
+
+class Engine:
+    """Encodes texts exactly as the reference ``tokenizers.Tokenizer`` does (module docstring).
+
+    ``tokenizer``: the reference, markers already added (:func:`prepare_tokenizer`).
+    ``source``: tokenizer.json path fastokens may be built from, or None to build
+    it from the reference's JSON. ``backend``: ``auto``, ``tokenizers`` (no
+    fastokens) or ``fastokens`` (built at once, waited for on every batch).
+    """
+
+    def __init__(self, tokenizer, source: str | Path | None = None, backend: str = "auto",
+                 line_pieces: bool | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"{BACKEND_ENV}={backend!r}: expected one of {', '.join(BACKENDS)}")
+        self.tk = tokenizer
+        self.source = source
+        self.backend = backend
+        self.split = line_pieces_safe(tokenizer) if line_pieces is None else line_pieces
+        self._fast_wanted = backend != "tokenizers" and _has_fastokens()
+        if backend == "fastokens" and not self._fast_wanted:
+            raise RuntimeError(f"{BACKEND_ENV}=fastokens but the fastokens package is not installed")
+        self._fast: _Background | None = None
+        self._pieces: dict[str, np.ndarray] = {}
+        self._pieces_tokens = 0
+        self._warm: dict[str, np.ndarray] = {}
+        self._warm_tokens = 0
+        self._reference_chars = 0
+        self.stats = collections.Counter(texts=0, warm_hits=0, fastokens_texts=0, reference_texts=0,
+                                         pieces=0, pieces_encoded=0, verified_texts=0, mismatches=0)
+        if backend == "fastokens":
+            self._start_fast()
+
+    # ------------------------------------------------------------ public
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids (int32 arrays), in order."""
+        texts = list(texts)
+        self.stats["texts"] += len(texts)
+        out: list[np.ndarray | None] = [None] * len(texts)
+        todo = []
+        warmed = self._warm
+        for i, t in enumerate(texts):
+            hit = warmed.pop(t, None) if warmed else None  # a warmed text is asked for once
+            if hit is not None:
+                out[i] = hit
+                self._warm_tokens -= len(hit)
+            else:
+                todo.append(i)
+        self.stats["warm_hits"] += len(texts) - len(todo)
+        if todo:
+            for i, ids in zip(todo, self._encode_new([texts[i] for i in todo])):
+                out[i] = ids
+        return out  # type: ignore[return-value]
+
+    def warm(self, texts: Sequence[str]) -> None:
+        """Encode ``texts`` now and keep their ids for a later :meth:`encode`."""
+        new = [t for t in dict.fromkeys(texts) if t not in self._warm]
+        if not new or self._warm_tokens >= WARM_CACHE_TOKENS:
+            return
+        for t, ids in zip(new, self._encode_new(new)):
+            self._warm[t] = ids
+            self._warm_tokens += len(ids)
+
+    def describe(self) -> str:
+        st = self.stats
+        parts = [f"{st['texts']:,} texts"]
+        if st["warm_hits"]:
+            parts.append(f"{st['warm_hits']:,} encoded ahead while ingesting")
+        if st["fastokens_texts"]:
+            parts.append(f"fastokens {st['fastokens_texts']:,}")
+        if st["reference_texts"]:
+            how = (f" as {st['pieces_encoded']:,} unique line pieces of {st['pieces']:,}"
+                   if st["pieces"] else "")
+            parts.append(f"tokenizers {st['reference_texts']:,}{how}")
+        parts.append(f"{st['verified_texts']:,} checked against tokenizers, {st['mismatches']} mismatches")
+        return "; ".join(parts)
+
+    # ------------------------------------------------------------ encoding
+    def _encode_new(self, texts: list[str]) -> list[np.ndarray]:
+        fast = None
+        if self._fast is not None and (self.backend == "fastokens" or self._fast.done()):
+            fast = self._fast.result()
+            if fast is None:  # it could not be built
+                self._fast = None
+                self._fast_wanted = False
+        if fast is not None:
+            got = self._fastokens(fast, texts)
+            if got is not None:
+                self.stats["fastokens_texts"] += len(texts)
+                return got
+        self.stats["reference_texts"] += len(texts)
+        got = self._by_pieces(texts) if self.split else None
+        if got is None:
+            self._reference_chars += sum(map(len, texts))
+            got = self._reference(texts)
+        if self._fast_wanted and self._fast is None and self._reference_chars >= FASTOKENS_AFTER_CHARS:
+            self._start_fast()  # enough text that fastokens pays for its build
+        return got
+
+    def _reference(self, texts: list[str]) -> list[np.ndarray]:
+        try:
+            encs = self.tk.encode_batch_fast(texts, add_special_tokens=False)
+        except (TypeError, UnicodeEncodeError, ValueError):
+            # lone surrogates cannot cross into Rust: replace them and retry
+            encs = self.tk.encode_batch_fast([_sanitize(t) for t in texts], add_special_tokens=False)
+        return [np.array(e.ids, dtype=np.int32) for e in encs]
+
+    def _verify(self, texts: list[str], got: list[np.ndarray], what: str) -> bool:
+        sample = list(range(0, len(texts), VERIFY_EVERY))
+        ref = self._reference([texts[i] for i in sample])
+        self.stats["verified_texts"] += len(sample)
+        if all(np.array_equal(a, got[i]) for a, i in zip(ref, sample)):
+            return True
+        self.stats["mismatches"] += 1
+        print(f"tokenize: {what} disagreed with tokenizers on a checked text; "
+              f"not using {what} from now on", file=sys.stderr)
+        return False
+
+    def _by_pieces(self, texts: list[str]) -> list[np.ndarray] | None:
+        cut = [line_pieces(t) for t in texts]
+        cache = self._pieces
+        new = [p for p in dict.fromkeys(itertools.chain.from_iterable(cut)) if p not in cache]
+        self.stats["pieces"] += sum(map(len, cut))
+        self.stats["pieces_encoded"] += len(new)
+        if self._pieces_tokens >= PIECE_CACHE_TOKENS:
+            cache.clear()
+            self._pieces_tokens = 0
+            new = list(dict.fromkeys(itertools.chain.from_iterable(cut)))
+        self._reference_chars += sum(map(len, new))
+        for p, ids in zip(new, self._reference(new)):
+            cache[p] = ids
+            self._pieces_tokens += len(ids)
+        got = [c_ids[0] if len(c_ids) == 1 else np.concatenate(c_ids)
+               for c_ids in ([cache[p] for p in c] for c in cut)]
+        if not self._verify(texts, got, "line pieces"):
+            self.split = False
+            cache.clear()
+            return None
+        return got
+
+    def _fastokens(self, fast, texts: list[str]) -> list[np.ndarray] | None:
+        try:
+            try:
+                ids, offsets = fast.encode_batch_flat(texts)
+            except (TypeError, UnicodeEncodeError, ValueError):
+                texts = [_sanitize(t) for t in texts]  # as the reference path does
+                ids, offsets = fast.encode_batch_flat(texts)
+        except Exception as exc:  # noqa: BLE001 - the reference takes over
+            print(f"tokenize: fastokens failed ({type(exc).__name__}); using tokenizers", file=sys.stderr)
+            self._fast, self._fast_wanted = None, False
+            return None
+        bounds = np.frombuffer(offsets, dtype="<u8").astype(np.int64)
+        flat = np.frombuffer(ids, dtype="<u4").astype(np.int32)
+        got = [flat[bounds[i]:bounds[i + 1]] for i in range(len(texts))]
+        if not self._verify(texts, got, "fastokens"):
+            self._fast, self._fast_wanted = None, False
+            return None
+        return got
+
+    def _start_fast(self) -> None:
+        src, tk = self.source, self.tk
+        self._fast = _Background(lambda: _build_fastokens(src, tk), "replay-fastokens-build")
+
+
+def _has_fastokens() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("fastokens") is not None
+
+
+def _build_fastokens(source, reference):
+    """fastokens' tokenizer for ``source`` (a tokenizer.json) or the reference's JSON;
+    None when it cannot be built (an unsupported tokenizer)."""
+    import fastokens
+
+    try:
+        enc = (fastokens.Tokenizer.from_file(str(source)) if source is not None
+               else fastokens.Tokenizer.from_json_str(reference.to_str()))
+        enc.encode_batch_flat(["warm up"])  # its first call builds more tables
+    except Exception as exc:  # noqa: BLE001
+        print(f"tokenize: fastokens cannot load this tokenizer ({type(exc).__name__}); "
+              "using tokenizers", file=sys.stderr)
+        return None
+    return enc
+
+
+# ---------------------------------------------------------------- the process
+
+def _write(fh, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    fh.write(struct.pack("<Q", len(data)))
+    fh.write(data)
+    fh.flush()
+
+
+def _read(fh):
+    head = fh.read(8)
+    if len(head) < 8:
+        raise EOFError
+    (n,) = struct.unpack("<Q", head)
+    data = fh.read(n)
+    if len(data) < n:
+        raise EOFError
+    return pickle.loads(data)
+
+
+def load_reference(path: str):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(path)
+
+
+class EncoderProcess:
+    """An :class:`Engine` in a child process (module docstring).
+
+    ``path``: the tokenizer.json; ``fast_from_file``: fastokens may read that file
+    directly (its markers are all there). Construction returns at once; the
+    first call that needs the child's answer waits for it to be ready.
+    Raises ``EncoderGone`` when the child is not there (the caller falls back).
+    """
+
+    def __init__(self, path: str | Path, backend: str, fast_from_file: bool):
+        env = dict(os.environ)
+        pkg_root = str(Path(__file__).resolve().parents[1])  # so the child imports this same package
+        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cmd = [sys.executable, "-m", "replay.encoder", str(path), backend, "1" if fast_from_file else "0"]
+        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self._lock = threading.Lock()
+        self._info: dict | None = None
+        self._closed = False
+
+    def info(self) -> dict:
+        """vocab_size, marker_ids, markers_added (waits for the child to be ready)."""
+        if self._info is None:
+            with self._lock:
+                if self._info is None:
+                    self._info = self._reply()
+        return self._info
+
+    def _reply(self):
+        try:
+            msg = _read(self._proc.stdout)
+        except (EOFError, OSError, pickle.UnpicklingError):
+            raise EncoderGone("the encoder process ended") from None
+        if msg[0] == "error":
+            raise RuntimeError(msg[1])
+        return msg[1]
+
+    def _send(self, msg) -> None:
+        try:
+            _write(self._proc.stdin, msg)
+        except (BrokenPipeError, OSError, ValueError):
+            raise EncoderGone("the encoder process ended") from None
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        self.info()
+        with self._lock:
+            self._send(("encode", texts))
+            flat, lengths = self._reply()
+        flat = np.frombuffer(flat, dtype="<i4")
+        lengths = np.frombuffer(lengths, dtype="<i8")
+        return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+    def warm(self, parts: list[tuple[str, str]]) -> None:
+        """Hand over (kind, JSON text) body parts to render and encode ahead; no reply."""
+        with self._lock:
+            self._send(("warm", parts))
+
+    def describe(self) -> str:
+        self.info()
+        with self._lock:
+            self._send(("describe",))
+            return self._reply()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+    def __del__(self):  # pragma: no cover - best effort at interpreter exit
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class EncoderGone(RuntimeError):
+    pass
+
+
+def _serve(path: str, backend: str, fast_from_file: bool) -> None:
+    """The child: protocol on the original stdout; anything printed goes to stderr."""
+    from .formats import loads
+    from .render import render_part
+
+    # Warming runs beside the parent's ingest: one encoder thread and a lower
+    # priority keep the parent's core its own; a request the parent waits for
+    # gets both cores (tokenizers reads TOKENIZERS_PARALLELISM on every call).
+    try:
+        os.nice(5)
+    except OSError:  # pragma: no cover
+        pass
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints must not corrupt the protocol stream
+    sys.stdout = sys.stderr
+    proto_in = sys.stdin.buffer
+    try:
+        tk = load_reference(path)
+        info = prepare_tokenizer(tk, path)
+        source = path if (fast_from_file and not info["markers_added"]) else None
+        engine = Engine(tk, source=source, backend=backend)
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        _write(proto_out, ("error", f"cannot load the tokenizer: {type(exc).__name__}: {exc}"))
+        return
+    _write(proto_out, ("ok", info))
+
+    # One queue in arrival order: a request the parent waits for comes after the
+    # warming handed over before it, whose results it will mostly need.
+    cond = threading.Condition()
+    queue: collections.deque = collections.deque()
+    state = {"eof": False, "warm_chars": 0}
+
+    def reader() -> None:  # reads promptly, so the parent never waits on a full pipe
+        while True:
+            try:
+                msg = _read(proto_in)
+            except (EOFError, OSError):
+                msg = None
+            with cond:
+                if msg is None:
+                    state["eof"] = True
+                elif msg[0] == "warm":
+                    size = sum(len(t) for _, t in msg[1])
+                    if state["warm_chars"] + size <= WARM_BACKLOG_CHARS:  # else dropped: only a hint
+                        queue.append(msg)
+                        state["warm_chars"] += size
+                else:
+                    queue.append(msg)
+                cond.notify()
+            if msg is None:
+                return
+
+    threading.Thread(target=reader, daemon=True, name="replay-encoder-reader").start()
+    while True:
+        with cond:
+            while not queue and not state["eof"]:
+                cond.wait()
+            if not queue:
+                return  # end of input and nothing left to do
+            msg = queue.popleft()
+            if msg[0] == "warm":
+                state["warm_chars"] -= sum(len(t) for _, t in msg[1])
+            waiting = any(m[0] != "warm" for m in queue)
+        if msg[0] == "warm":
+            # beside the parent's ingest: one thread; if the parent already waits, both cores
+            os.environ["TOKENIZERS_PARALLELISM"] = "true" if waiting else "false"
+            texts = []
+            for kind, text in msg[1]:  # body parts found by ingest: render, then encode ahead
+                try:
+                    texts.extend(p[1] for p in render_part(kind, loads(text)) if p[0] == "text")
+                except Exception:  # noqa: BLE001 - only a hint; the tokenize stage renders it properly
+                    continue
+            if texts:
+                engine.warm(texts)
+        elif msg[0] == "encode":
+            os.environ["TOKENIZERS_PARALLELISM"] = "true"
+            try:
+                flat, lengths = _flat(engine.encode(msg[1]))
+                reply = ("ok", (flat.astype("<i4").tobytes(), lengths.astype("<i8").tobytes()))
+            except Exception as exc:  # noqa: BLE001
+                reply = ("error", f"encoding failed: {type(exc).__name__}: {exc}")
+            _write(proto_out, reply)
+        elif msg[0] == "describe":
+            _write(proto_out, ("ok", engine.describe()))
+
+
+if __name__ == "__main__":
+    _serve(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
