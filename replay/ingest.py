@@ -332,9 +332,12 @@ def _text_of(serialized: bytes, obj: Any) -> str:
     """``_text(obj)`` from orjson's serialization of it when the two are bound to be
     equal — compact, key order kept, the same string escapes (every code point
     checked); they differ only in how some floats are written, so a text that
-    may hold a float (a digit before ".", "e" or "E", inside strings too) has its
-    floats compared, and is serialized again by the standard library if one differs."""
-    if b"0." in serialized.translate(_FLOAT_MAP) and not _floats_print_alike(obj):
+    may hold a float (a digit before ".", "e" or "E", or a null, inside strings
+    too) has its floats compared, and is serialized again by the standard library
+    if one differs."""
+    # (orjson writes an infinite or NaN float as null: a null is looked at too)
+    if ((b"0." in serialized.translate(_FLOAT_MAP) or b"null" in serialized)
+            and not _floats_print_alike(obj)):
         return _text(obj)
     return serialized.decode("utf-8")
 
