@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 import time
-from operator import itemgetter
 from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
+from operator import itemgetter
 import pyarrow as pa
 
 from . import db
@@ -67,17 +67,17 @@ class SegmentStore:
     """seg_id -> token array, loaded once from the `segments` table."""
 
     def __init__(self, con):
-        self._tokens: dict[int, np.ndarray] = {}
         tbl = db.arrow(con, "SELECT seg_id, tokens FROM segments")
-        ids = tbl.column("seg_id").to_numpy()
         toks = tbl.column("tokens").combine_chunks()
         offsets = toks.offsets.to_numpy()
         values = toks.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-        for i, sid in enumerate(ids.tolist()):
-            self._tokens[sid] = values[offsets[i]:offsets[i + 1]]
+        self._tokens: dict[int, np.ndarray] = {
+            sid: values[offsets[i]:offsets[i + 1]] for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist())}
 
     def concat(self, seg_ids) -> np.ndarray:
-        if not seg_ids:
+        """The tokens of ``seg_ids`` in order (a new array: measured faster here than
+        gathering from one flat array by index)."""
+        if not len(seg_ids):
             return np.empty(0, dtype=np.int32)
         if len(seg_ids) == 1:
             return self._tokens[seg_ids[0]].copy()
@@ -100,22 +100,44 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
             r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
             p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length""", chunk):
         # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
-        cols = {c: tbl.column(c).combine_chunks() for c in ("seg_ids", "output_seg_ids", "block_ids")}
+        cols = {c: _ListColumn(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids")}
         meta = {c: tbl.column(c).to_pylist() for c in
                 ("request_id", "ts", "tenant", "prompt_cache_key", "session", "format", "input_length")}
+        seg_ids = cols["seg_ids"]
         for k, rid in enumerate(meta["request_id"]):
             output = None
             if meta["format"][k] == "mooncake":
-                symbols, cum = mooncake_symbols(_ids(cols["block_ids"], k), int(meta["input_length"][k] or 0))
+                symbols, cum = mooncake_symbols(cols["block_ids"].row(k), int(meta["input_length"][k] or 0))
                 n = int(cum[-1])
             else:
-                symbols, cum = segs.concat(_ids(cols["seg_ids"], k)), None
+                symbols, cum = segs.concat(seg_ids.row_list(k)), None
                 n = len(symbols)
-                out_ids = _ids(cols["output_seg_ids"], k)
+                out_ids = cols["output_seg_ids"].row_list(k)
                 if len(out_ids):
                     output = segs.concat(out_ids)
             yield Prompt(rid, meta["ts"][k], meta["tenant"][k], meta["prompt_cache_key"][k],
                          meta["session"][k], symbols, cum, output, n)
+
+
+class _ListColumn:
+    """Rows of an Arrow list column through numpy offsets (no per-row Arrow calls)."""
+
+    def __init__(self, col):
+        col = col.combine_chunks()
+        if pa.types.is_null(col.type):  # a column of NULLs (no outputs asked for)
+            col = pa.array([None] * len(col), pa.list_(pa.int64()))
+        self.valid = col.is_valid().to_numpy(zero_copy_only=False)
+        self.offsets = col.offsets.to_numpy()
+        self.values = col.values.to_numpy(zero_copy_only=False)
+
+    def row(self, k: int) -> np.ndarray:
+        """Row ``k`` (empty for null)."""
+        if not self.valid[k]:
+            return self.values[:0]
+        return self.values[self.offsets[k]:self.offsets[k + 1]]
+
+    def row_list(self, k: int) -> list[int]:
+        return self.row(k).tolist()
 
 
 def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
@@ -138,14 +160,6 @@ def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
                             f"WHERE {where}")
         pos = {rid: k for k, rid in enumerate(tbl.column("request_id").to_pylist())}
         yield tbl.take([pos[i] for i in ids.tolist()])
-
-
-def _ids(col, k: int) -> list[int]:
-    """Row ``k`` of a list column as Python ints ([] for null)."""
-    if col.null_count and not col[k].is_valid:
-        return []
-    lo, hi = col.offsets[k].as_py(), col.offsets[k + 1].as_py()
-    return col.values[lo:hi].to_numpy(zero_copy_only=False).tolist()
 
 
 @dataclass
