@@ -26,9 +26,13 @@ goes unnoticed in the sample.
 :class:`EncoderProcess` runs an Engine in a child process (``python -m
 replay.encoder``): building a ``tokenizers.Tokenizer`` holds the interpreter
 lock for ~0.4 s, and there it costs the caller nothing; ``warm()`` hands it
-body parts the ingest stage has just found, which it renders and encodes on the
-other core while ingest goes on, so the tokenize stage later finds them done.
-The protocol is pickled frames on the child's stdin/stdout.
+body parts the ingest stage has just stored (blob id, kind, JSON text), which it
+renders and encodes on the other core while ingest goes on (:class:`Prepared`):
+the tokenize stage then takes each part's segment ids and the new segments'
+tokens from it instead of rendering and encoding them itself. Rendering is
+:func:`replay.render.render_part` and the ids :mod:`replay.segids` in both
+processes, so the rows are the same either way. The protocol is pickled frames
+on the child's stdin/stdout.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ BACKENDS = ("auto", "tokenizers", "fastokens")
 VERIFY_EVERY = 50                  # every 50th text of a batch is checked against the reference
 FASTOKENS_AFTER_CHARS = 4_000_000  # ~2 s of the reference's work here: then fastokens pays for its build
 PIECE_CACHE_TOKENS = 8_000_000     # line pieces kept (ids); cleared when full
-WARM_CACHE_TOKENS = 16_000_000     # ids of warmed texts kept for the tokenize stage
+PREPARED_TOKENS = 16_000_000       # tokens of body parts prepared ahead, waiting for the tokenize stage
 WARM_BACKLOG_CHARS = 64_000_000    # body parts waiting to be warmed; more are dropped (they are only hints)
 
 # After a line break, spaces/tabs, then a character that is not whitespace in any
@@ -177,10 +181,8 @@ class Engine:
         self._fast: _Background | None = None
         self._pieces: dict[str, np.ndarray] = {}
         self._pieces_tokens = 0
-        self._warm: dict[str, np.ndarray] = {}
-        self._warm_tokens = 0
         self._reference_chars = 0
-        self.stats = collections.Counter(texts=0, warm_hits=0, fastokens_texts=0, reference_texts=0,
+        self.stats = collections.Counter(texts=0, fastokens_texts=0, reference_texts=0,
                                          pieces=0, pieces_encoded=0, verified_texts=0, mismatches=0)
         if backend == "fastokens":
             self._start_fast()
@@ -190,36 +192,11 @@ class Engine:
         """Each text's ids (int32 arrays), in order."""
         texts = list(texts)
         self.stats["texts"] += len(texts)
-        out: list[np.ndarray | None] = [None] * len(texts)
-        todo = []
-        warmed = self._warm
-        for i, t in enumerate(texts):
-            hit = warmed.pop(t, None) if warmed else None  # a warmed text is asked for once
-            if hit is not None:
-                out[i] = hit
-                self._warm_tokens -= len(hit)
-            else:
-                todo.append(i)
-        self.stats["warm_hits"] += len(texts) - len(todo)
-        if todo:
-            for i, ids in zip(todo, self._encode_new([texts[i] for i in todo])):
-                out[i] = ids
-        return out  # type: ignore[return-value]
-
-    def warm(self, texts: Sequence[str]) -> None:
-        """Encode ``texts`` now and keep their ids for a later :meth:`encode`."""
-        new = [t for t in dict.fromkeys(texts) if t not in self._warm]
-        if not new or self._warm_tokens >= WARM_CACHE_TOKENS:
-            return
-        for t, ids in zip(new, self._encode_new(new)):
-            self._warm[t] = ids
-            self._warm_tokens += len(ids)
+        return self._encode_new(texts) if texts else []
 
     def describe(self) -> str:
         st = self.stats
         parts = [f"{st['texts']:,} texts"]
-        if st["warm_hits"]:
-            parts.append(f"{st['warm_hits']:,} encoded ahead while ingesting")
         if st["fastokens_texts"]:
             parts.append(f"fastokens {st['fastokens_texts']:,}")
         if st["reference_texts"]:
@@ -415,10 +392,33 @@ class EncoderProcess:
         lengths = np.frombuffer(lengths, dtype="<i8")
         return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
-    def warm(self, parts: list[tuple[str, str]]) -> None:
-        """Hand over (kind, JSON text) body parts to render and encode ahead; no reply."""
+    def warm(self, parts: list[tuple[int, str, str]]) -> None:
+        """Hand over (blob id, kind, JSON text) body parts to prepare ahead; no reply."""
         with self._lock:
             self._send(("warm", parts))
+
+    def take_blobs(self, blob_ids: list[int]) -> dict:
+        """blob id → (kind, segment ids, segment parts) of the prepared ones among ``blob_ids``."""
+        self.info()
+        with self._lock:
+            self._send(("blobs", blob_ids))
+            ids, kinds, lengths, segs, parts = self._reply()
+        if not ids:
+            return {}
+        bounds = np.cumsum(np.frombuffer(lengths, dtype="<i8"))[:-1]
+        segs = np.split(np.frombuffer(segs, dtype="<u8"), bounds)
+        parts = np.split(np.frombuffer(parts, dtype="<i4"), bounds)
+        return {b: (k, s, p) for b, k, s, p in zip(ids, kinds, segs, parts)}
+
+    def take_segments(self, seg_ids: list[int]) -> dict:
+        """seg id → tokens (int32) of the prepared ones among ``seg_ids``."""
+        self.info()
+        with self._lock:
+            self._send(("segments", seg_ids))
+            ids, flat, lengths = self._reply()
+        flat = np.frombuffer(flat, dtype="<i4")
+        lengths = np.frombuffer(lengths, dtype="<i8")
+        return dict(zip(ids, np.split(flat, np.cumsum(lengths)[:-1]))) if ids else {}
 
     def describe(self) -> str:
         self.info()
@@ -453,11 +453,81 @@ class EncoderGone(RuntimeError):
     pass
 
 
+class Prepared:
+    """Body parts rendered and encoded ahead, kept until the tokenize stage takes them.
+
+    ``add`` renders (blob id, kind, JSON text) parts, computes their segment ids
+    and encodes their new texts; ``take_blobs`` gives (and forgets) a part's
+    (kind, segment ids, segment parts); ``take_segments`` the tokens of
+    segments. A part is only offered when every one of its segments' tokens is
+    here or was handed over already. At most ``PREPARED_TOKENS`` wait at a time.
+    """
+
+    def __init__(self, engine: Engine, info: dict):
+        self.engine = engine
+        self.marker_ids = info["marker_ids"]
+        self.vocab_size = info["vocab_size"]
+        self.blobs: dict[int, tuple[str, np.ndarray, np.ndarray]] = {}
+        self.tokens: dict[int, np.ndarray] = {}
+        self.handed: set[int] = set()  # segment ids whose tokens the caller took
+        self.waiting_tokens = 0
+        self.stats = collections.Counter()
+
+    def add(self, parts: list[tuple[int, str, str]]) -> None:
+        from . import segids
+        from .formats import loads
+        from .render import render_part
+
+        if self.waiting_tokens >= PREPARED_TOKENS:
+            self.stats["parts_dropped"] += len(parts)
+            return
+        rendered, texts = [], {}
+        for bid, kind, text in parts:
+            try:
+                pieces = render_part(kind, loads(text))
+            except Exception:  # noqa: BLE001 - left to the tokenize stage, which reports it
+                continue
+            sids = [segids.piece_seg_id(p) for p in pieces]
+            for p, sid in zip(pieces, sids):
+                if sid in self.tokens or sid in self.handed or sid in texts:
+                    continue
+                if p[0] == "text":
+                    texts[sid] = p[1]
+                elif p[0] == "marker":
+                    self.tokens[sid] = np.array([self.marker_ids[p[1]]], dtype=np.int32)
+                else:
+                    self.tokens[sid] = segids.image_tokens(p[1][0], p[1][1], self.vocab_size)
+            rendered.append((bid, kind, np.array(sids, dtype=np.uint64),
+                             np.array([p[2] for p in pieces], dtype=np.int32)))
+        for sid, ids in zip(texts, self.engine.encode(list(texts.values()))):
+            self.tokens[sid] = ids
+            self.waiting_tokens += len(ids)
+        for bid, kind, sids, prt in rendered:
+            self.blobs[bid] = (kind, sids, prt)
+        self.stats["parts"] += len(rendered)
+
+    def take_blobs(self, blob_ids) -> dict:
+        out = {}
+        for bid in blob_ids:
+            got = self.blobs.pop(bid, None)
+            if got is not None:
+                out[bid] = got
+        self.stats["parts_taken"] += len(out)
+        return out
+
+    def take_segments(self, seg_ids) -> dict:
+        out = {}
+        for sid in seg_ids:
+            ids = self.tokens.pop(sid, None)
+            if ids is not None:
+                out[sid] = ids
+                self.handed.add(sid)
+                self.waiting_tokens -= len(ids)
+        return out
+
+
 def _serve(path: str, backend: str, fast_from_file: bool) -> None:
     """The child: protocol on the original stdout; anything printed goes to stderr."""
-    from .formats import loads
-    from .render import render_part
-
     # Warming runs beside the parent's ingest: one encoder thread and a lower
     # priority keep the parent's core its own; a request the parent waits for
     # gets both cores (tokenizers reads TOKENIZERS_PARALLELISM on every call).
@@ -474,6 +544,7 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
         info = prepare_tokenizer(tk, path)
         source = path if (fast_from_file and not info["markers_added"]) else None
         engine = Engine(tk, source=source, backend=backend)
+        prepared = Prepared(engine, info)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         _write(proto_out, ("error", f"cannot load the tokenizer: {type(exc).__name__}: {exc}"))
         return
@@ -495,7 +566,7 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
                 if msg is None:
                     state["eof"] = True
                 elif msg[0] == "warm":
-                    size = sum(len(t) for _, t in msg[1])
+                    size = sum(len(t) for _, _, t in msg[1])
                     if state["warm_chars"] + size <= WARM_BACKLOG_CHARS:  # else dropped: only a hint
                         queue.append(msg)
                         state["warm_chars"] += size
@@ -514,19 +585,12 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
                 return  # end of input and nothing left to do
             msg = queue.popleft()
             if msg[0] == "warm":
-                state["warm_chars"] -= sum(len(t) for _, t in msg[1])
+                state["warm_chars"] -= sum(len(t) for _, _, t in msg[1])
             waiting = any(m[0] != "warm" for m in queue)
         if msg[0] == "warm":
             # beside the parent's ingest: one thread; if the parent already waits, both cores
             os.environ["TOKENIZERS_PARALLELISM"] = "true" if waiting else "false"
-            texts = []
-            for kind, text in msg[1]:  # body parts found by ingest: render, then encode ahead
-                try:
-                    texts.extend(p[1] for p in render_part(kind, loads(text)) if p[0] == "text")
-                except Exception:  # noqa: BLE001 - only a hint; the tokenize stage renders it properly
-                    continue
-            if texts:
-                engine.warm(texts)
+            prepared.add(msg[1])  # body parts found by ingest: render, then encode ahead
         elif msg[0] == "encode":
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
             try:
@@ -535,8 +599,24 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
             except Exception as exc:  # noqa: BLE001
                 reply = ("error", f"encoding failed: {type(exc).__name__}: {exc}")
             _write(proto_out, reply)
+        elif msg[0] == "blobs":
+            got = prepared.take_blobs(msg[1])  # sent flat: thousands of small arrays pickle slowly
+            sids = [v[1] for v in got.values()]
+            _write(proto_out, ("ok", (list(got), [v[0] for v in got.values()],
+                                      np.array([len(x) for x in sids], dtype="<i8").tobytes(),
+                                      (np.concatenate(sids) if sids else np.zeros(0, np.uint64)).astype("<u8").tobytes(),
+                                      (np.concatenate([v[2] for v in got.values()]) if sids
+                                       else np.zeros(0, np.int32)).astype("<i4").tobytes())))
+        elif msg[0] == "segments":
+            got = prepared.take_segments(msg[1])
+            flat, lengths = _flat(list(got.values()))
+            _write(proto_out, ("ok", (list(got), flat.astype("<i4").tobytes(), lengths.astype("<i8").tobytes())))
         elif msg[0] == "describe":
-            _write(proto_out, ("ok", engine.describe()))
+            st = prepared.stats
+            ahead = (f"; {st['parts_taken']:,} of {st['parts']:,} body parts prepared while ingesting"
+                     + (f" ({st['parts_dropped']:,} over the limit)" if st["parts_dropped"] else "")
+                     if st["parts"] or st["parts_dropped"] else "")
+            _write(proto_out, ("ok", engine.describe() + ahead))
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from .formats import (
     JSONDecodeError,
     loads_fast,
     normalize_fields,
+    orjson_agrees,
     strip_nulls,
 )
 
@@ -308,38 +309,12 @@ def _text(obj: Any) -> str:
     return s
 
 
-# Digits → "0", ".eE" → ".", anything else → " ": a float in JSON always shows as "0."
-_FLOAT_MAP = bytes(48 if 48 <= i <= 57 else 46 if i in b".eE" else 32 for i in range(256))
-
-
-def _floats_print_alike(obj: Any) -> bool:
-    """True when every float in ``obj`` is written alike by orjson and the standard
-    library (``repr``: 0.5, 1.5, 100.0 are; 1e16 against 1e+16, or inf, are not)."""
-    stack = [obj]
-    while stack:
-        v = stack.pop()
-        t = type(v)
-        if t is dict:
-            stack.extend(v.values())
-        elif t is list:
-            stack.extend(v)
-        elif t is float and orjson.dumps(v) != float.__repr__(v).encode("ascii"):
-            return False
-    return True
-
-
 def _text_of(serialized: bytes, obj: Any) -> str:
     """``_text(obj)`` from orjson's serialization of it when the two are bound to be
-    equal — compact, key order kept, the same string escapes (every code point
-    checked); they differ only in how some floats are written, so a text that
-    may hold a float (a digit before ".", "e" or "E", or a null, inside strings
-    too) has its floats compared, and is serialized again by the standard library
-    if one differs."""
-    # (orjson writes an infinite or NaN float as null: a null is looked at too)
-    if ((b"0." in serialized.translate(_FLOAT_MAP) or b"null" in serialized)
-            and not _floats_print_alike(obj)):
-        return _text(obj)
-    return serialized.decode("utf-8")
+    equal (``formats.orjson_agrees``), else serialized again by the standard library."""
+    if orjson_agrees(serialized, obj):
+        return serialized.decode("utf-8")
+    return _text(obj)
 
 
 class _Blobs:
@@ -360,7 +335,7 @@ class _Blobs:
         # new tools/system values/messages are handed to ``warm`` (the encoder
         # process encodes them ahead, on the other core) in batches of WARM_BATCH_CHARS
         self.warm = warm
-        self._warm_parts: list[tuple[str, str]] = []
+        self._warm_parts: list[tuple[int, str, str]] = []
         self._warm_chars = 0
         self._glue_ids: dict[str, int] = {}
         self._scalar_text: dict[tuple, str] = {}
@@ -385,7 +360,7 @@ class _Blobs:
 
     def _add(self, bid: int, kind: str, text: str) -> None:
         if self.warm is not None and kind != "glue":
-            self._warm_parts.append((kind, text))
+            self._warm_parts.append((bid, kind, text))
             self._warm_chars += len(text)
             if self._warm_chars >= WARM_BATCH_CHARS:
                 self.send_warm()
@@ -823,9 +798,9 @@ def ingest(
     (`requests.body_blobs`); False stores each whole body in `requests.body`;
     None (default) follows DEFAULT_BODY_BLOBS.
     Either way the `request_bodies` view gives the same body text.
-    `warm`: a callable given lists of (kind, JSON text) of the new body parts as
-    they are found (``Tok.warm``: the encoder process encodes them ahead) — a
-    hint that changes no result.
+    `warm`: a callable given lists of (blob id, kind, JSON text) of the new body
+    parts as they are found (``Tok.warm``: the encoder process prepares them for
+    the tokenize stage) — a hint that changes no result.
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")

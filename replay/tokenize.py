@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
-from . import db, encoder
+from . import db, encoder, segids
 from .formats import loads
 from .render import MARKERS, render_output, render_part, render_request
 
@@ -59,39 +59,16 @@ BATCH_CHARS = 4_000_000
 
 
 # --------------------------------------------------------------------------- segment ids
-
-def _h64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data).digest()[:8], "big")
-
-
-def text_seg_id(text: str) -> int:
-    return _h64(b"text\0" + text.encode("utf-8", "surrogatepass"))
-
-
-def marker_seg_id(name: str) -> int:
-    return _h64(b"marker\0" + name.encode("utf-8"))
-
-
-def image_seg_id(sha_hex: str, n_tokens: int) -> int:
-    return _h64(b"image\0" + sha_hex.encode("ascii") + b"\0" + str(int(n_tokens)).encode("ascii"))
-
-
-def tokens_seg_id(tokens: Sequence[int] | np.ndarray) -> int:
-    return _h64(b"tokens\0" + np.asarray(tokens, dtype="<i4").tobytes())
-
-
-_MARKER_SEG = {name: marker_seg_id(name) for name in MARKERS}
-
-
-def piece_seg_id(piece: tuple) -> int:
-    kind, payload, _ = piece
-    if kind == "text":
-        return text_seg_id(payload)
-    if kind == "marker":
-        return _MARKER_SEG[payload]
-    if kind == "image":
-        return image_seg_id(payload[0], payload[1])
-    raise ValueError(f"unknown piece kind {kind!r}")
+# (the id scheme of the module docstring lives in replay.segids)
+from .segids import (  # noqa: E402,F401 - re-exported
+    MARKER_SEG as _MARKER_SEG,
+    h64 as _h64,
+    image_seg_id,
+    marker_seg_id,
+    piece_seg_id,
+    text_seg_id,
+    tokens_seg_id,
+)
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -199,15 +176,35 @@ class Tok:
                 self._lose_process()
         return self._inline_engine().encode(texts)
 
-    def warm(self, parts: list[tuple[str, str]]) -> None:
-        """Body parts (kind, JSON text) ingest has just stored: the encoder process
-        renders and encodes them ahead, on the other core. A hint only: without
-        the process nothing is done, and the results are the same either way."""
+    def warm(self, parts: list[tuple[int, str, str]]) -> None:
+        """Body parts (blob id, kind, JSON text) ingest has just stored: the encoder
+        process renders and encodes them ahead, on the other core, for
+        :meth:`take_blobs` / :meth:`take_segments`. A hint only: without the
+        process nothing is done, and the tokenize stage's rows are the same either way."""
         if self._proc is not None and parts:
             try:
                 self._proc.warm(parts)
             except encoder.EncoderGone:
                 self._lose_process()
+
+    def take_blobs(self, blob_ids: list[int]) -> dict:
+        """blob id → (kind, segment ids, segment parts) of the parts among ``blob_ids``
+        that were prepared ahead (handed over once; {} without the process)."""
+        if self._proc is not None and blob_ids:
+            try:
+                return self._proc.take_blobs(blob_ids)
+            except encoder.EncoderGone:
+                self._lose_process()
+        return {}
+
+    def take_segments(self, seg_ids: list[int]) -> dict:
+        """seg id → tokens of the prepared segments among ``seg_ids``."""
+        if self._proc is not None and seg_ids:
+            try:
+                return self._proc.take_segments(seg_ids)
+            except encoder.EncoderGone:
+                self._lose_process()
+        return {}
 
     def encoder_name(self) -> str:
         """What encoded this tokenizer's texts so far (for summaries and the bench)."""
@@ -242,8 +239,7 @@ class Tok:
 
     def image_tokens(self, sha_hex: str, n_tokens: int) -> np.ndarray:
         """Deterministic run of ``n_tokens`` ids in [0, base vocab) seeded by the hash."""
-        rng = np.random.default_rng(int(sha_hex, 16))
-        return rng.integers(0, self.vocab_size, size=int(n_tokens), dtype=np.int32)
+        return segids.image_tokens(sha_hex, n_tokens, self.vocab_size)
 
     def __repr__(self) -> str:
         return f"Tok({self.name!r})"
@@ -331,8 +327,8 @@ class _SegmentStore:
         kind, payload, _ = piece
         if kind == "text":
             sid = text_seg_id(payload)
-            if sid not in self.known and sid not in self.new_texts:
-                self.new_texts[sid] = payload
+            if sid not in self.known and sid not in self.new_texts and sid not in self.new_arrays:
+                self.new_texts[sid] = payload  # (new_arrays: tokens prepared by the encoder process)
             return sid
         if kind == "marker":
             sid = _MARKER_SEG[payload]
@@ -510,38 +506,59 @@ class _BlobCache:
         self._pending_ntok: list[int] = []  # blobs whose token count is not known yet
 
     def load(self, con, blob_ids: np.ndarray) -> None:
-        """Render every blob of ``blob_ids`` not seen yet."""
+        """Render every blob of ``blob_ids`` not seen yet — or take it from what the
+        encoder process prepared while ingest ran (the same rendering and ids)."""
         want = [b for b in np.unique(blob_ids).tolist() if b not in self.index]
         if not want:
             return
-        _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
-            np.array(want, dtype=np.uint64), pa.uint64())})
-        rows = con.execute(
-            "SELECT b.blob_id, b.kind, CASE WHEN b.kind = 'glue' THEN NULL ELSE b.text END "
-            "FROM blobs b JOIN _replay_blob_ids w USING (blob_id)").fetchall()
-        if len(rows) < len(want):
-            raise KeyError(f"{len(want) - len(rows)} body blobs are missing from the blobs table")
-        add = self.store.add_piece
+        store = self.store
+        entries = []  # (blob id, kind, seg ids, parts)
+        ready = store.tok.take_blobs(want)
+        if ready:
+            need = {sid for _, sids, _ in ready.values() for sid in sids.tolist()
+                    if sid not in store.known and sid not in store.new_arrays and sid not in store.new_texts}
+            got = store.tok.take_segments(sorted(need))
+            store.new_arrays.update(got)
+            for bid, (kind, sids, prt) in ready.items():
+                if all(sid in got or sid not in need for sid in sids.tolist()):
+                    entries.append((bid, kind, sids, prt))
+        taken = {e[0] for e in entries}
+        rest = [b for b in want if b not in taken]
+        if rest:
+            _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
+                np.array(rest, dtype=np.uint64), pa.uint64())})
+            rows = con.execute(
+                "SELECT b.blob_id, b.kind, CASE WHEN b.kind = 'glue' THEN NULL ELSE b.text END "
+                "FROM blobs b JOIN _replay_blob_ids w USING (blob_id)").fetchall()
+            if len(rows) < len(rest):
+                raise KeyError(f"{len(rest) - len(rows)} body blobs are missing from the blobs table")
+            add = store.add_piece
+            for bid, kind, text in rows:
+                if kind == "glue":
+                    entries.append((bid, kind, (), ()))
+                    continue
+                pieces = render_part(kind, loads(text))
+                entries.append((bid, kind, [add(p) for p in pieces], [p[2] for p in pieces]))
         kinds, starts, ends, segs, parts = [], [], [], [], []
         pos = self.pool_seg.n
-        for bid, kind, text in rows:
-            self.index[bid] = len(self.index)
+        for bid, kind, sids, prt in entries:
+            i = self.index[bid] = len(self.index)
             code = _KIND_CODES.get(kind, _SYSTEM)  # (any other kind renders with the system)
             kinds.append(code)
             starts.append(pos)
             if code != _GLUE:
-                pieces = render_part(kind, loads(text))
-                segs.extend(add(p) for p in pieces)
-                parts.extend(p[2] for p in pieces)
-                pos += len(pieces)
-                self._pending_ntok.append(self.index[bid])
+                segs.append(np.asarray(sids, dtype=np.uint64))
+                parts.append(np.asarray(prt, dtype=np.int32))
+                pos += len(sids)
+                self._pending_ntok.append(i)
             ends.append(pos)
         self.kind.extend(kinds)
         self.start.extend(starts)
         self.end.extend(ends)
         self.ntok.extend(np.where(np.array(kinds) == _GLUE, 0, -1))
-        self.pool_seg.extend(np.array(segs, dtype=np.uint64))
-        self.pool_part.extend(parts)
+        if segs:
+            self.pool_seg.extend(np.concatenate(segs))
+            self.pool_part.extend(np.concatenate(parts))
 
     def count_tokens(self, known: dict[int, int]) -> None:
         """Token counts of the blobs rendered since the last call (their segments are stored)."""

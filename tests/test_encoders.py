@@ -234,14 +234,26 @@ def test_process_encoder_equals_in_process(ref_tk):
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
 
 
-def test_warmed_parts_are_encoded_ahead(ref_tk):
+def test_warmed_parts_are_prepared_ahead(ref_tk):
+    from replay.render import render_part
+    from replay.segids import piece_seg_id
+
     msgs = [{"role": "user", "content": f"question {i}\nwith a second line"} for i in range(30)]
     with load_tokenizer() as tok:
-        tok.warm([("message", json.dumps(m)) for m in msgs])
-        got = tok.encode_arrays([m["content"] for m in msgs])
+        tok.warm([(100 + i, "message", json.dumps(m)) for i, m in enumerate(msgs)])
+        got = tok.take_blobs([100 + i for i in range(30)] + [999])
+        assert sorted(got) == [100 + i for i in range(30)]
+        assert tok.take_blobs([100]) == {}  # handed over once
+        seg_tokens = tok.take_segments(sorted({s for _, sids, _ in got.values() for s in sids.tolist()}))
         name = tok.encoder_name()
-    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, [m["content"] for m in msgs])))
-    assert "30 encoded ahead" in name
+    for i, m in enumerate(msgs):
+        pieces = render_part("message", m)
+        kind, sids, parts = got[100 + i]
+        assert kind == "message" and sids.tolist() == [piece_seg_id(p) for p in pieces]
+        assert parts.tolist() == [p[2] for p in pieces]
+        text = [p[1] for p in pieces if p[0] == "text"][0]
+        assert seg_tokens[piece_seg_id(("text", text, 0))].tolist() == ref_ids(ref_tk, [text])[0].tolist()
+    assert "30 of 30 body parts prepared" in name
 
 
 def test_a_lost_encoder_process_falls_back_to_this_process(ref_tk, capsys):
@@ -272,3 +284,32 @@ def test_tokenize_stage_tables_identical_whatever_encodes(tmp_path):
         tables.append((segs, prompts, {k: v.tolist() for k, v in load_prompt_tokens(con, range(12)).items()}))
         con.close()
     assert tables[0] == tables[1] == tables[2]
+
+
+def test_tokenize_after_a_warmed_ingest_gives_the_same_rows(tmp_path):
+    """Parts prepared by the encoder process while ingesting (the `replay run` path)
+    give exactly the rows the tokenize stage computes on its own."""
+    from replay import pipeline
+    from replay.synth import generate
+
+    logs = tmp_path / "logs"
+    generate(logs, seed=5, scale=0.5)
+    tables = []
+    for warm in (False, True):
+        con = db.connect(tmp_path / f"w{warm}.duckdb")
+        with load_tokenizer() as tok:
+            pipeline.ingest(con, [logs], tokenizer=tok if warm else None)
+            tokenize_stage(con, tok)
+            name = tok.encoder_name()
+        if warm:
+            assert "body parts prepared while ingesting" in name
+        tables.append((
+            con.execute("SELECT seg_id, n_tokens, tokens FROM segments ORDER BY seg_id").fetchall(),
+            con.execute("SELECT request_id, n_tokens, seg_ids, seg_parts, output_seg_ids, output_n_tokens "
+                        "FROM prompts ORDER BY request_id").fetchall()))
+        con.close()
+    (segs0, prompts0), (segs1, prompts1) = tables
+    assert len(segs0) == len(segs1) and [r[0] for r in segs0] == [r[0] for r in segs1]
+    bad = [(a[0], a[1], b[1]) for a, b in zip(segs0, segs1) if a != b]
+    assert not bad, bad[:3]
+    assert prompts0 == prompts1
