@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -24,6 +25,7 @@ from .trie import Trie
 MODES = ("tenant", "key", "session", "global")
 VARIANTS = ("prompt", "prompt+output")
 MOONCAKE_BLOCK = 512
+RECENT_CONVERSATIONS = 512  # latest prompt kept per (tenant, session or key), to build the next one from
 
 
 def stream_key(mode: str, tenant: str, key: str | None, session: str | None) -> str:
@@ -83,6 +85,22 @@ class SegmentStore:
             return self._tokens[seg_ids[0]].copy()
         return np.concatenate(itemgetter(*seg_ids)(self._tokens))
 
+    def extend(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> np.ndarray:
+        """``concat(seg_ids)``, copying the part shared with ``prev`` (an earlier
+        prompt's segment ids and tokens) in one piece when ``seg_ids`` repeats all
+        of prev's segments but its last (an agent's next turn: the same
+        conversation, then the reply and new messages instead of the generation
+        marker) — joining hundreds of segments again is most of the cost."""
+        if prev is not None:
+            psegs, ptoks = prev
+            n = len(psegs) - 1
+            if 0 < n < len(seg_ids) and seg_ids[:n] == psegs[:n]:
+                cut = len(ptoks) - len(self._tokens[psegs[-1]])
+                rest = seg_ids[n:]
+                return np.concatenate([ptoks[:cut], *itemgetter(*rest)(self._tokens)] if len(rest) > 1
+                                      else [ptoks[:cut], self._tokens[rest[0]]])
+        return self.concat(seg_ids)
+
     def __len__(self) -> int:
         return len(self._tokens)
 
@@ -96,6 +114,7 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
     if missing:
         raise RuntimeError(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     out_col = "p.output_seg_ids" if with_output else "NULL"
+    last: OrderedDict = OrderedDict()
     for tbl in time_ordered_chunks(con, f"""
             r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
             p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length""", chunk):
@@ -110,7 +129,13 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                 symbols, cum = mooncake_symbols(cols["block_ids"].row(k), int(meta["input_length"][k] or 0))
                 n = int(cum[-1])
             else:
-                symbols, cum = segs.concat(seg_ids.row_list(k)), None
+                ids = seg_ids.row_list(k)
+                conv = (meta["tenant"][k], meta["session"][k] or meta["prompt_cache_key"][k])
+                symbols, cum = segs.extend(ids, last.get(conv)), None
+                last[conv] = (ids, symbols)  # the conversation's latest prompt, for its next turn
+                last.move_to_end(conv)
+                if len(last) > RECENT_CONVERSATIONS:
+                    last.popitem(last=False)
                 n = len(symbols)
                 out_ids = cols["output_seg_ids"].row_list(k)
                 if len(out_ids):

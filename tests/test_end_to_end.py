@@ -99,3 +99,23 @@ def test_sweep_on_chat_logs_equals_oracle_over_their_tokens(tmp_path):
     assert {f for (f,) in con.execute("SELECT DISTINCT format FROM requests").fetchall()} == {"anthropic", "openai"}
     assert len(reqs) > 50 and sum(len(r.tokens) for r in reqs) > 100_000
     _same(got, oracle.sweep(reqs, grid.streams, grid.ttls, grid.blocks, grid.min_prefixes))
+
+
+def test_replay_prompts_equal_the_tokenized_prompts(tmp_path):
+    """The replay builds an agent's next prompt from its previous one (replay.SegmentStore.extend);
+    every prompt must still be exactly its segments' tokens."""
+    import numpy as np
+
+    from replay import db, pipeline
+    from replay.replay import iter_prompts
+    from replay.synth import generate
+    from replay.tokenize import load_prompt_tokens
+
+    generate(tmp_path / "logs", seed=11, scale=0.5)
+    con = db.connect(tmp_path / "x.duckdb")
+    pipeline.ingest(con, [tmp_path / "logs"])
+    pipeline.tokenize(con)
+    want = load_prompt_tokens(con, [r[0] for r in con.execute("SELECT request_id FROM requests").fetchall()])
+    got = {p.request_id: p.symbols for p in iter_prompts(con)}
+    assert set(got) == set(want) and len(got) > 100
+    assert all(np.array_equal(got[r], want[r]) for r in want)
