@@ -42,8 +42,6 @@ import itertools
 import os
 import pickle
 import re
-import struct
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -51,6 +49,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import child
 from .render import MARKERS
 
 BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
@@ -317,24 +316,6 @@ def _build_fastokens(source, reference):
 
 # ---------------------------------------------------------------- the process
 
-def _write(fh, obj) -> None:
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    fh.write(struct.pack("<Q", len(data)))
-    fh.write(data)
-    fh.flush()
-
-
-def _read(fh):
-    head = fh.read(8)
-    if len(head) < 8:
-        raise EOFError
-    (n,) = struct.unpack("<Q", head)
-    data = fh.read(n)
-    if len(data) < n:
-        raise EOFError
-    return pickle.loads(data)
-
-
 def load_reference(path: str):
     from tokenizers import Tokenizer
 
@@ -351,11 +332,7 @@ class EncoderProcess:
     """
 
     def __init__(self, path: str | Path, backend: str, fast_from_file: bool):
-        env = dict(os.environ)
-        pkg_root = str(Path(__file__).resolve().parents[1])  # so the child imports this same package
-        env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "replay.encoder", str(path), backend, "1" if fast_from_file else "0"]
-        self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self._proc = child.spawn("replay.encoder", str(path), backend, "1" if fast_from_file else "0")
         self._lock = threading.Lock()
         self._info: dict | None = None
         self._closed = False
@@ -370,7 +347,7 @@ class EncoderProcess:
 
     def _reply(self):
         try:
-            msg = _read(self._proc.stdout)
+            msg = child.read_frame(self._proc.stdout)
         except (EOFError, OSError, pickle.UnpicklingError):
             raise EncoderGone("the encoder process ended") from None
         if msg[0] == "error":
@@ -379,7 +356,7 @@ class EncoderProcess:
 
     def _send(self, msg) -> None:
         try:
-            _write(self._proc.stdin, msg)
+            child.write_frame(self._proc.stdin, msg)
         except (BrokenPipeError, OSError, ValueError):
             raise EncoderGone("the encoder process ended") from None
 
@@ -427,20 +404,9 @@ class EncoderProcess:
             return self._reply()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
+        if not self._closed:
+            self._closed = True
+            child.stop(self._proc)
 
     def __del__(self):  # pragma: no cover - best effort at interpreter exit
         try:
@@ -535,10 +501,7 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
         os.nice(5)
     except OSError:  # pragma: no cover
         pass
-    proto_out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints must not corrupt the protocol stream
-    sys.stdout = sys.stderr
-    proto_in = sys.stdin.buffer
+    proto_in, proto_out = child.protocol_streams()
     try:
         tk = load_reference(path)
         info = prepare_tokenizer(tk, path)
@@ -546,9 +509,9 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
         engine = Engine(tk, source=source, backend=backend)
         prepared = Prepared(engine, info)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
-        _write(proto_out, ("error", f"cannot load the tokenizer: {type(exc).__name__}: {exc}"))
+        child.write_frame(proto_out, ("error", f"cannot load the tokenizer: {type(exc).__name__}: {exc}"))
         return
-    _write(proto_out, ("ok", info))
+    child.write_frame(proto_out, ("ok", info))
 
     # One queue in arrival order: a request the parent waits for comes after the
     # warming handed over before it, whose results it will mostly need.
@@ -559,7 +522,7 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
     def reader() -> None:  # reads promptly, so the parent never waits on a full pipe
         while True:
             try:
-                msg = _read(proto_in)
+                msg = child.read_frame(proto_in)
             except (EOFError, OSError):
                 msg = None
             with cond:
@@ -598,11 +561,11 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
                 reply = ("ok", (flat.astype("<i4").tobytes(), lengths.astype("<i8").tobytes()))
             except Exception as exc:  # noqa: BLE001
                 reply = ("error", f"encoding failed: {type(exc).__name__}: {exc}")
-            _write(proto_out, reply)
+            child.write_frame(proto_out, reply)
         elif msg[0] == "blobs":
             got = prepared.take_blobs(msg[1])  # sent flat: thousands of small arrays pickle slowly
             sids = [v[1] for v in got.values()]
-            _write(proto_out, ("ok", (list(got), [v[0] for v in got.values()],
+            child.write_frame(proto_out, ("ok", (list(got), [v[0] for v in got.values()],
                                       np.array([len(x) for x in sids], dtype="<i8").tobytes(),
                                       (np.concatenate(sids) if sids else np.zeros(0, np.uint64)).astype("<u8").tobytes(),
                                       (np.concatenate([v[2] for v in got.values()]) if sids
@@ -610,13 +573,13 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
         elif msg[0] == "segments":
             got = prepared.take_segments(msg[1])
             flat, lengths = _flat(list(got.values()))
-            _write(proto_out, ("ok", (list(got), flat.astype("<i4").tobytes(), lengths.astype("<i8").tobytes())))
+            child.write_frame(proto_out, ("ok", (list(got), flat.astype("<i4").tobytes(), lengths.astype("<i8").tobytes())))
         elif msg[0] == "describe":
             st = prepared.stats
             ahead = (f"; {st['parts_taken']:,} of {st['parts']:,} body parts prepared while ingesting"
                      + (f" ({st['parts_dropped']:,} over the limit)" if st["parts_dropped"] else "")
                      if st["parts"] or st["parts_dropped"] else "")
-            _write(proto_out, ("ok", engine.describe() + ahead))
+            child.write_frame(proto_out, ("ok", engine.describe() + ahead))
 
 
 if __name__ == "__main__":
