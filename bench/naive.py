@@ -1,7 +1,9 @@
 """The naive baseline: what a straightforward implementation does.
 
 Every request is parsed, its FULL prompt rendered and tokenized (one
-``encode`` of the whole rendered text, nothing shared between requests), and
+``encode`` of the whole rendered text by Hugging Face ``tokenizers``, the
+reference the pipeline's encoder must agree with; nothing shared between
+requests, no line-piece cache, no fastokens), and
 then, for every block size of the grid, every block of every prompt is walked
 through a plain dict of (stream, chained block hash) → last-used time (the
 stream seeds the chain, so one dict per stream mode holds every stream). The
@@ -58,10 +60,12 @@ def run(paths, ttls, blocks, min_prefixes, streams, tokenizer=None) -> dict:
     """Naive sweep over the logs at ``paths``; returns {"rows": [...], "seconds": {...}}."""
     t0 = time.perf_counter()
     tok = load_tokenizer(tokenizer)
+    tok.close()  # no encoder process: the plain reference tokenizer, as a straightforward job would use it
+    reference = tok.tokenizer
     reqs = []
     for ts, order, tenant, key, session, body, fmt in _records(paths):
         text = render_text(render_request(body, fmt), tok)
-        toks = tok.encode(text)  # the whole prompt, every time
+        toks = reference.encode(text, add_special_tokens=False).ids  # the whole prompt, every time
         reqs.append((ts, order, tenant, key, session, toks))
     reqs.sort(key=lambda r: (r[0], r[1]))  # time, ties in input order
     t1 = time.perf_counter()

@@ -89,7 +89,8 @@ REQUEST_SCHEMA = pa.schema([
     ("usage_output_tokens", pa.int64()),
     ("body_blobs", pa.list_(pa.uint64())),
 ])
-BLOB_SCHEMA = pa.schema([("blob_id", pa.uint64()), ("kind", pa.string()), ("text", pa.string())])
+BLOB_SCHEMA = pa.schema([("blob_id", pa.uint64()), ("kind", pa.string()), ("text", pa.string()),
+                         ("first_request", pa.int64())])
 REJECT_SCHEMA = pa.schema([
     ("source_id", pa.int64()),
     ("path", pa.string()),
@@ -332,6 +333,7 @@ class _Blobs:
 
     def __init__(self, known: set[int], warm=None):
         self.known = known
+        self.request_id: int | None = None  # the request being split (blobs.first_request)
         # new tools/system values/messages are handed to ``warm`` (the encoder
         # process encodes them ahead, on the other core) in batches of WARM_BATCH_CHARS
         self.warm = warm
@@ -356,6 +358,7 @@ class _Blobs:
         self.ids: list[int] = []
         self.kinds: list[str] = []
         self.texts: list[str] = []
+        self.firsts: list[int | None] = []
         self.bytes = 0
 
     def _add(self, bid: int, kind: str, text: str) -> None:
@@ -368,6 +371,7 @@ class _Blobs:
         self.ids.append(bid)
         self.kinds.append(kind)
         self.texts.append(text)
+        self.firsts.append(self.request_id)
         self.bytes += len(text)
 
     def send_warm(self) -> None:
@@ -511,14 +515,15 @@ class _Blobs:
             self._forget_keys()  # it may list ids about to leave ``known``
             for bid in self.ids[n_before:]:  # drop what this body added
                 self.known.discard(bid)
-            del self.ids[n_before:], self.kinds[n_before:], self.texts[n_before:]
+            del self.ids[n_before:], self.kinds[n_before:], self.texts[n_before:], self.firsts[n_before:]
             return None
         return ids
 
     def table(self) -> pa.Table:
         return pa.table({"blob_id": pa.array(np.array(self.ids, dtype=np.uint64), pa.uint64()),
                          "kind": pa.array(self.kinds, pa.string()),
-                         "text": pa.array(self.texts, pa.string())}, schema=BLOB_SCHEMA)
+                         "text": pa.array(self.texts, pa.string()),
+                         "first_request": pa.array(self.firsts, pa.int64())}, schema=BLOB_SCHEMA)
 
     def flushed(self) -> None:
         self.file_flushed.extend(self.ids)
@@ -554,6 +559,8 @@ class _Writer:
     def request(self, ids: dict, row: dict, fast: bool = False, memo: dict | None = None) -> None:
         if "body_obj" in row:
             body = row.pop("body_obj")
+            if self.blobs is not None:
+                self.blobs.request_id = ids["request_id"]
             bids = self.blobs.split(body, fast, memo) if self.blobs is not None else None
             if bids is None:
                 row["body"] = dumps(body)

@@ -43,7 +43,9 @@ TABLES: dict[str, str] = {
         CREATE TABLE IF NOT EXISTS blobs (
             blob_id UBIGINT NOT NULL,  -- unique by construction; no index (memory)
             kind VARCHAR NOT NULL,
-            text VARCHAR NOT NULL
+            text VARCHAR NOT NULL,
+            first_request BIGINT       -- the first request holding it, so a chunk of requests finds
+                                       -- its new blobs by a range (zone maps), not a scan of them all
         )""",
     "rejects": """
         CREATE TABLE IF NOT EXISTS rejects (
@@ -122,4 +124,5 @@ def create_all(con) -> None:
         con.execute(ddl)
     # additive migration of databases made before body blobs existed
     con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS body_blobs UBIGINT[]")
+    con.execute("ALTER TABLE blobs ADD COLUMN IF NOT EXISTS first_request BIGINT")
     con.execute(REQUEST_BODIES_VIEW)

@@ -505,9 +505,11 @@ class _BlobCache:
         self.pool_part = _Grow(np.int32)
         self._pending_ntok: list[int] = []  # blobs whose token count is not known yet
 
-    def load(self, con, blob_ids: np.ndarray) -> None:
+    def load(self, con, blob_ids: np.ndarray, first_request: tuple[int, int] | None = None) -> None:
         """Render every blob of ``blob_ids`` not seen yet — or take it from what the
-        encoder process prepared while ingest ran (the same rendering and ids)."""
+        encoder process prepared while ingest ran (the same rendering and ids).
+        ``first_request`` (lo, hi): the requests of the chunk; the blobs they
+        introduced are read by that range first."""
         want = [b for b in np.unique(blob_ids).tolist() if b not in self.index]
         if not want:
             return
@@ -525,11 +527,9 @@ class _BlobCache:
         taken = {e[0] for e in entries}
         rest = [b for b in want if b not in taken]
         if rest:
-            _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
-                np.array(rest, dtype=np.uint64), pa.uint64())})
-            rows = con.execute(
-                "SELECT b.blob_id, b.kind, CASE WHEN b.kind = 'glue' THEN NULL ELSE b.text END "
-                "FROM blobs b JOIN _replay_blob_ids w USING (blob_id)").fetchall()
+            rows = _fetch_blobs(con, rest, first_request)
+            if len(rows) < len(rest):
+                rows += _fetch_blobs(con, list(set(rest) - {r[0] for r in rows}), None)
             if len(rows) < len(rest):
                 raise KeyError(f"{len(rest) - len(rows)} body blobs are missing from the blobs table")
             add = store.add_piece
@@ -619,6 +619,20 @@ class _BlobCache:
         """Each request's prompt length (its blobs' token counts + bos + assistant)."""
         body = np.bincount(row, weights=self.ntok.view[idx], minlength=n_req).astype(np.int64)
         return body + known[self._BOS] + known[self._ASSISTANT]
+
+
+def _fetch_blobs(con, blob_ids: list[int], first_request: tuple[int, int] | None) -> list[tuple]:
+    """(blob_id, kind, text or None for glue) of ``blob_ids`` — among the blobs first
+    held by requests lo..hi when ``first_request`` is given (a range the table's
+    zone maps narrow down; without it every blob's text would be read)."""
+    _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
+        np.array(blob_ids, dtype=np.uint64), pa.uint64())})
+    where, params = "", []
+    if first_request is not None:
+        where, params = " WHERE b.first_request BETWEEN ? AND ?", list(first_request)
+    return con.execute(
+        "SELECT b.blob_id, b.kind, CASE WHEN b.kind = 'glue' THEN NULL ELSE b.text END "
+        f"FROM blobs b SEMI JOIN _replay_blob_ids w USING (blob_id){where}", params).fetchall()
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -716,7 +730,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             sel_ids = blob_values[_ranges(blob_offsets[:-1][sel].astype(np.int64), lens.astype(np.int64))]
             sel_off = np.zeros(len(sel) + 1, dtype=np.int64)
             np.cumsum(lens, out=sel_off[1:])
-            blob_cache.load(con, sel_ids)
+            blob_cache.load(con, sel_ids, (lo, hi))
             assembled = blob_cache.assemble(sel_ids, sel_off) if len(sel) else None
 
             rows: list[tuple] = []       # requests rendered one by one: (rid, seg_ids, parts, out_ids)

@@ -152,3 +152,32 @@ def test_separate_runs_never_duplicate_blobs_or_segments(tmp_path):
     for table, key in (("blobs", "blob_id"), ("segments", "seg_id")):
         n, distinct = con.execute(f"SELECT count(*), count(DISTINCT {key}) FROM {table}").fetchall()[0]
         assert n == distinct > 0
+
+
+def test_blobs_found_by_first_request_and_otherwise(tmp_path, tok):
+    """Tokenize reads a chunk's new blobs by their first request (a range); blobs
+    first held by requests outside it — an earlier file, a database from before
+    that column — are found all the same, and the prompts do not change."""
+    from replay.synth import generate as gen
+
+    gen(tmp_path / "logs", seed=4, scale=0.4)
+    files = sorted(str(p) for p in (tmp_path / "logs").glob("*.jsonl"))
+    whole = db.connect(None)
+    ingest(whole, files)
+    tokenize_stage(whole, tok, chunk_requests=37)
+    want = whole.execute("SELECT request_id, n_tokens, seg_ids, seg_parts FROM prompts ORDER BY 1").fetchall()
+    assert whole.execute("SELECT count(*) FROM blobs WHERE first_request IS NULL").fetchone()[0] == 0
+
+    stepwise = db.connect(None)  # file by file, tokenizing in between: later files reuse earlier blobs
+    for f in files:
+        ingest(stepwise, [f])
+        tokenize_stage(stepwise, tok, chunk_requests=37)
+    assert stepwise.execute("SELECT request_id, n_tokens, seg_ids, seg_parts FROM prompts ORDER BY 1"
+                            ).fetchall() == want
+
+    legacy = db.connect(None)  # no first_request at all
+    ingest(legacy, files)
+    legacy.execute("UPDATE blobs SET first_request = NULL")
+    tokenize_stage(legacy, tok, chunk_requests=37)
+    assert legacy.execute("SELECT request_id, n_tokens, seg_ids, seg_parts FROM prompts ORDER BY 1"
+                          ).fetchall() == want
