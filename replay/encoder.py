@@ -45,7 +45,7 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 

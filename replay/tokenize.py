@@ -10,10 +10,12 @@ big-endian, of ``blake2b`` (64-byte digest) over):
 * image:   ``b"image\\0"  + sha256 hex + b"\\0" + decimal token count``
 * tokens:  ``b"tokens\\0" + int32 little-endian bytes`` (pre-tokenized logs)
 
-Unique texts are tokenized once, in batches, through the fast (Rust) batch
-encoder, without BOS/EOS. Because a marker (an added token) sits between any
-two text pieces, segment-wise tokenization equals tokenizing the whole rendered
-prompt (checked in the tests).
+Unique texts are tokenized once, in batches, without BOS/EOS, by the encoder
+(:mod:`replay.encoder`: exactly the ids of Hugging Face ``tokenizers``, usually
+in a helper process that has prepared most body parts while ingest ran).
+Because a marker (an added token) sits between any two text pieces,
+segment-wise tokenization equals tokenizing the whole rendered prompt (checked
+in the tests).
 
 The ``segments`` table belongs to one tokenizer: ``meta['tokenizer']`` holds
 ``Tok.name``; tokenizing with another tokenizer first clears ``segments`` and
@@ -36,14 +38,13 @@ replay reads ``block_ids`` directly).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -137,13 +138,18 @@ class Tok:
             self._local = (tk, encoder.prepare_tokenizer(tk, self.name))
         return self._local
 
-    def _info(self) -> dict:
+    def _from_process(self, call, default=None):
+        """``call(process)`` when the encoder process is there, else ``default``
+        (a process found gone is let go: this process takes over)."""
         if self._proc is not None:
             try:
-                return self._proc.info()
+                return call(self._proc)
             except encoder.EncoderGone:
                 self._lose_process()
-        return self._local_tokenizer()[1]
+        return default
+
+    def _info(self) -> dict:
+        return self._from_process(lambda p: p.info()) or self._local_tokenizer()[1]
 
     @property
     def tokenizer(self):
@@ -169,51 +175,30 @@ class Tok:
         texts = list(texts)
         if not texts:
             return []
-        if self._proc is not None:
-            try:
-                return self._proc.encode(texts)
-            except encoder.EncoderGone:
-                self._lose_process()
-        return self._inline_engine().encode(texts)
+        got = self._from_process(lambda p: p.encode(texts))
+        return got if got is not None else self._inline_engine().encode(texts)
 
     def warm(self, parts: list[tuple[int, str, str]]) -> None:
         """Body parts (blob id, kind, JSON text) ingest has just stored: the encoder
         process renders and encodes them ahead, on the other core, for
         :meth:`take_blobs` / :meth:`take_segments`. A hint only: without the
         process nothing is done, and the tokenize stage's rows are the same either way."""
-        if self._proc is not None and parts:
-            try:
-                self._proc.warm(parts)
-            except encoder.EncoderGone:
-                self._lose_process()
+        if parts:
+            self._from_process(lambda p: p.warm(parts))
 
     def take_blobs(self, blob_ids: list[int]) -> dict:
         """blob id → (kind, segment ids, segment parts) of the parts among ``blob_ids``
         that were prepared ahead (handed over once; {} without the process)."""
-        if self._proc is not None and blob_ids:
-            try:
-                return self._proc.take_blobs(blob_ids)
-            except encoder.EncoderGone:
-                self._lose_process()
-        return {}
+        return self._from_process(lambda p: p.take_blobs(blob_ids), {}) if blob_ids else {}
 
     def take_segments(self, seg_ids: list[int]) -> dict:
         """seg id → tokens of the prepared segments among ``seg_ids``."""
-        if self._proc is not None and seg_ids:
-            try:
-                return self._proc.take_segments(seg_ids)
-            except encoder.EncoderGone:
-                self._lose_process()
-        return {}
+        return self._from_process(lambda p: p.take_segments(seg_ids), {}) if seg_ids else {}
 
     def encoder_name(self) -> str:
         """What encoded this tokenizer's texts so far (for summaries and the bench)."""
-        if self._proc is not None:
-            try:
-                return "encoder process: " + self._proc.describe()
-            except encoder.EncoderGone:
-                self._lose_process()
-        return "in process: " + (self._engine.describe() if self._engine is not None else "nothing yet")
+        got = self._from_process(lambda p: "encoder process: " + p.describe())
+        return got or "in process: " + (self._engine.describe() if self._engine is not None else "nothing yet")
 
     def _inline_engine(self) -> "encoder.Engine":
         if self._engine is None:
@@ -249,6 +234,7 @@ class Tok:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
 
 def _read_chat_template(d: Path) -> str | None:
     jinja = d / "chat_template.jinja"
@@ -380,11 +366,8 @@ class _SegmentStore:
 
 
 def _encode_batches(tok: "Tok", texts: list[str], batch_chars: int) -> list[np.ndarray]:
-    """Token arrays for ``texts`` (in order), encoded in batches of about ``batch_chars``.
-
-    (Measured here: a second process encoding half of each batch gained nothing —
-    two BPE encoders on this machine's 2 cores run at half speed each — so this
-    stays on one core.)"""
+    """Token arrays for ``texts`` (in order), encoded in batches of about
+    ``batch_chars`` (each batch one request to the encoder process)."""
     out: list[np.ndarray] = []
     start = 0
     while start < len(texts):
