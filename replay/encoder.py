@@ -59,6 +59,7 @@ FASTOKENS_AFTER_CHARS = 4_000_000  # ~2 s of the reference's work here: then fas
 PIECE_CACHE_TOKENS = 8_000_000     # line pieces kept (ids); cleared when full
 PREPARED_TOKENS = 16_000_000       # tokens of body parts prepared ahead, waiting for the tokenize stage
 WARM_BACKLOG_CHARS = 64_000_000    # body parts waiting to be warmed; more are dropped (they are only hints)
+WARM_SEND_CHARS = 6 * PREPARED_TOKENS  # body-part text sent in all (text runs ~3-4 characters a token)
 
 # After a line break, spaces/tabs, then a character that is not whitespace in any
 # definition (ASCII printable, or a letter/digit/underscore).
@@ -335,6 +336,7 @@ class EncoderProcess:
         self._proc = child.spawn("replay.encoder", str(path), backend, "1" if fast_from_file else "0")
         self._lock = threading.Lock()
         self._info: dict | None = None
+        self._warm_sent = 0
         self._closed = False
 
     def info(self) -> dict:
@@ -370,7 +372,13 @@ class EncoderProcess:
         return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
 
     def warm(self, parts: list[tuple[int, str, str]]) -> None:
-        """Hand over (blob id, kind, JSON text) body parts to prepare ahead; no reply."""
+        """Hand over (blob id, kind, JSON text) body parts to prepare ahead; no reply.
+        Past ``WARM_SEND_CHARS`` in all, parts are no longer sent: the helper could
+        not keep them (``PREPARED_TOKENS``), and sending costs this process time."""
+        size = sum(len(t) for _, _, t in parts)
+        if self._warm_sent + size > WARM_SEND_CHARS:
+            return
+        self._warm_sent += size
         with self._lock:
             self._send(("warm", parts))
 
