@@ -27,8 +27,9 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
     con.execute(f"SET memory_limit = '{os.environ.get('REPLAY_DUCKDB_MEMORY', '128MB')}'")
     # The stages commit chunk by chunk; DuckDB's default (a checkpoint whenever the
     # write-ahead log passes 16 MB) rewrote the growing tables over and over: a
-    # week's tokenize took 71 s against 53 s with this (bench/README.md).
-    con.execute("SET checkpoint_threshold = '1GB'")
+    # week's tokenize took 71 s against 53 s with 1 GB (bench/README.md).
+    # REPLAY_DUCKDB_CHECKPOINT sets it.
+    con.execute(f"SET checkpoint_threshold = '{os.environ.get('REPLAY_DUCKDB_CHECKPOINT', '1GB')}'")
     schema.create_all(con)
     return con
 

@@ -55,7 +55,7 @@ from .render import MARKERS
 BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
 BACKENDS = ("auto", "tokenizers", "fastokens")
 VERIFY_EVERY = 50                  # every 50th text of a batch is checked against the reference
-FASTOKENS_AFTER_CHARS = 4_000_000  # ~2 s of the reference's work here: then fastokens pays for its build
+FASTOKENS_AFTER_CHARS = 16_000_000  # ~7 s of the reference's work here, mostly hidden beside ingest; fastokens costs ~2 s and ~150 MB to build
 PIECE_CACHE_TOKENS = 8_000_000     # line pieces kept (ids); cleared when full
 PREPARED_TOKENS = 16_000_000       # tokens of body parts prepared ahead, waiting for the tokenize stage
 WARM_BACKLOG_CHARS = 64_000_000    # body parts waiting to be warmed; more are dropped (they are only hints)
