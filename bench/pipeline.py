@@ -216,6 +216,17 @@ def same_results(a: list[dict], b: list[dict]) -> bool:
     return da == db_
 
 
+def _calibration_s() -> float:
+    """Seconds of a fixed pure-Python loop just before the run: this shared machine's
+    speed drifts by up to a half from one minute to the next, so figures from
+    different runs compare only alongside it (bench/README.md)."""
+    t = time.perf_counter()
+    s = 0
+    for i in range(5_000_000):
+        s += i
+    return time.perf_counter() - t
+
+
 def one_run(requests: int, days: float, seed: int, turns: float, chat_share: float,
             naive: bool, workdir: Path, keep: bool) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
@@ -229,8 +240,10 @@ def one_run(requests: int, days: float, seed: int, turns: float, chat_share: flo
             shutil.rmtree(logs)
         gen = _sub("generate", out=str(logs), requests=requests, days=days, seed=seed, turns=turns,
                    chat_share=chat_share)
+    calibration = _calibration_s()
     pipe = _sub("pipeline", logs=str(logs), dbfile=str(dbfile))
     out = {k: v for k, v in pipe.items() if k != "rows"}
+    out["calibration_loop_s"] = calibration
     total = pipe["pipeline_s"]
     out["logical_tokens_per_s"] = pipe["logical_prompt_tokens"] / total if total > 0 else None
     out["sweep_share_of_replay"] = pipe["sweep_s"] / pipe["replay_s"] if pipe["replay_s"] > 0 else None
