@@ -122,15 +122,20 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
             keys, code = np.unique(w["stream"].astype(str), return_inverse=True)
             req = np.bincount(code, minlength=len(keys))
             ptk = np.bincount(code, weights=pt, minlength=len(keys)).astype(np.int64)
+        blocks = np.asarray(grid.blocks, dtype=np.int64)[:, None]
         for ttl in grid.ttls:
-            for b in grid.blocks:
-                for m in grid.min_prefixes:
-                    h = block_hits(w["L"][ttl], b, m)
+            floored = (w["L"][ttl][None, :] // blocks) * blocks  # every block size at once
+            for m in grid.min_prefixes:
+                hm = np.where(floored < m, 0, floored) if m > 0 else floored
+                if not by_stream:  # (sums for all block sizes in one pass)
+                    hit_sums, hit_counts = hm.sum(axis=1), (hm > 0).sum(axis=1)
+                for bi, b in enumerate(grid.blocks):
+                    h = hm[bi]
                     base = {"stream": mode, "ttl_s": None if ttl == math.inf else float(ttl),
                             "block": int(b), "min_prefix": int(m)}
                     if not by_stream:
                         rows.append({**base, "requests": n, "prompt_tokens": int(pt.sum()),
-                                     "hit_tokens": int(h.sum()), "requests_hit": int((h > 0).sum())})
+                                     "hit_tokens": int(hit_sums[bi]), "requests_hit": int(hit_counts[bi])})
                         continue
                     hit = np.bincount(code, weights=h, minlength=len(keys)).astype(np.int64)
                     nhit = np.bincount(code, weights=(h > 0), minlength=len(keys)).astype(np.int64)
