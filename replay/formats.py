@@ -501,11 +501,9 @@ def _check_chat_body(body: Any, where: str) -> None:
             raise Reject("wrong_type", f"field 'messages' is {type_name(msgs)}, expected an array")
         # the common case in C-level loops (an agent resends hundreds of messages);
         # the loop below finds the offending message otherwise
-        if set(map(type, msgs)) <= _DICT and set(map(type, map(dict.get, msgs, repeat("content")))) <= _CONTENT:
-            msgs_ok = True
-        else:
-            msgs_ok = False
-        for i, m in enumerate(() if msgs_ok else msgs):
+        checked = (set(map(type, msgs)) <= _DICT
+                   and set(map(type, map(dict.get, msgs, repeat("content")))) <= _CONTENT)
+        for i, m in enumerate(() if checked else msgs):
             if not isinstance(m, dict):
                 raise Reject("wrong_type", f"messages[{i}] is {type_name(m)}, expected an object")
             c = m.get("content")

@@ -36,8 +36,8 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False,
 def load_tokenizer(path: str | None = None):
     """The tokenizer the stages use (a local directory, or DeepSeek-V4's by default).
 
-    Its fast encoder loads in the background, so creating it before ``ingest``
-    hides that load behind the ingest (what ``replay run`` does)."""
+    Its encoder process starts loading at once; handed to ``ingest`` too, it
+    prepares the new content on the other core (what ``replay run`` does)."""
     from . import tokenize
 
     return tokenize.load_tokenizer(path)

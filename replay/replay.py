@@ -13,10 +13,10 @@ import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Iterator
 
 import numpy as np
-from operator import itemgetter
 import pyarrow as pa
 
 from . import db

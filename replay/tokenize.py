@@ -113,12 +113,7 @@ class Tok:
         self.path = Path(path)
         self.name = name
         self.chat_template = chat_template
-        self.backend = backend or os.environ.get(encoder.BACKEND_ENV, "auto")
-        if self.backend not in encoder.BACKENDS:
-            raise ValueError(f"{encoder.BACKEND_ENV}={self.backend!r}: expected one of "
-                             f"{', '.join(encoder.BACKENDS)}")
-        if self.backend == "fastokens" and not encoder._has_fastokens():
-            raise RuntimeError(f"{encoder.BACKEND_ENV}=fastokens but the fastokens package is not installed")
+        self.backend = encoder.check_backend(backend or os.environ.get(encoder.BACKEND_ENV, "auto"))
         self._fast_from_file = fast_from_file
         if in_process is None:
             in_process = os.environ.get("REPLAY_ENCODER", "process") == "inline"
@@ -166,9 +161,6 @@ class Tok:
     # ------------------------------------------------------------ encoding
     def encode(self, text: str) -> list[int]:
         return self.encode_arrays([text])[0].tolist()
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [a.tolist() for a in self.encode_arrays(texts)]
 
     def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Each text's ids as an int32 array."""
@@ -549,7 +541,7 @@ class _BlobCache:
             return
         idx = np.array(self._pending_ntok, dtype=np.int64)
         self._pending_ntok = []
-        lengths = np.diff(np.stack([self.start.view[idx], self.end.view[idx]]), axis=0)[0]
+        lengths = self.end.view[idx] - self.start.view[idx]
         segs = self.pool_seg.view
         flat = _ranges(self.start.view[idx], lengths)
         seg_len = np.fromiter(map(known.__getitem__, segs[flat].tolist()), dtype=np.int64, count=len(flat))
@@ -574,8 +566,7 @@ class _BlobCache:
         is_msg = kind == _MESSAGE
         # a message's position k in its request: messages before it in the same row
         before = np.cumsum(is_msg) - is_msg
-        first = np.searchsorted(row, np.arange(n_req))
-        k = before - before[np.minimum(first, max(len(before) - 1, 0))][row] if len(row) else before
+        k = before - before[np.searchsorted(row, row)]  # (rows are sorted: the row's first entry)
         n_msgs = np.bincount(row[is_msg], minlength=n_req)
 
         lengths = self.end.view[idx] - self.start.view[idx]

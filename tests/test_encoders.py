@@ -256,6 +256,14 @@ def test_warmed_parts_are_prepared_ahead(ref_tk):
     assert "30 of 30 body parts prepared" in name
 
 
+def test_parts_past_the_sending_limit_are_not_sent(monkeypatch):
+    monkeypatch.setattr(encoder, "WARM_SEND_CHARS", 100)
+    with load_tokenizer() as tok:
+        tok.warm([(1, "message", json.dumps({"role": "user", "content": "short"}))])
+        tok.warm([(2, "message", json.dumps({"role": "user", "content": "x" * 200}))])
+        assert sorted(tok.take_blobs([1, 2])) == [1]
+
+
 def test_a_lost_encoder_process_falls_back_to_this_process(ref_tk, capsys):
     tok = load_tokenizer()
     tok.encode_arrays(["first"])

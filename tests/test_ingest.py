@@ -729,6 +729,7 @@ def test_blob_text_equals_the_standard_serialization():
 
     import orjson
 
+    from replay.formats import compact_dumps
     from replay.ingest import _text, _text_of
 
     rng = random.Random(1)
@@ -746,3 +747,4 @@ def test_blob_text_equals_the_standard_serialization():
         except Exception:
             continue
         assert _text_of(ser, obj) == want
+        assert compact_dumps(obj) == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
