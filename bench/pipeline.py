@@ -57,6 +57,12 @@ def _helper_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of the finished child processes (the encoder process, once closed)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def _tree_rss_mb(pid: int) -> float:
     """RSS of a process and its descendants, from /proc (Linux), in MB."""
     total = 0.0
@@ -144,10 +150,10 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
     replay.ingest.DEFAULT_BODY_BLOBS = True  # content-addressed bodies (see bench/README.md)
     try:
         tree = _TreePeak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         tokenizer = load_tokenizer()  # its encoder process loads and works while ingest runs, as in `replay run`
         ing = pipeline.ingest(con, [logs], tokenizer=tokenizer)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
     finally:
         replay.ingest.DEFAULT_BODY_BLOBS = before
     peak = {"ingest": _peak_rss_mb()}  # max RSS so far: which stage sets the peak
@@ -155,13 +161,13 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
     encoder_used = tokenizer.encoder_name()
     tokenizer.close()
     helper_peak = _helper_peak_rss_mb()
-    t2 = time.perf_counter()
+    t2, c2 = time.perf_counter(), time.process_time()
     peak["tokenize"] = _peak_rss_mb()
     rep = replay_stage(con, modes=STREAMS, horizon=horizon)
-    t3 = time.perf_counter()
+    t3, c3 = time.perf_counter(), time.process_time()
     peak["replay"] = _peak_rss_mb()
     df = sweep(con, grid)
-    t4 = time.perf_counter()
+    t4, c4 = time.perf_counter(), time.process_time()
     peak["sweep"] = _peak_rss_mb()
     ov = pipeline.overview(con)
     t5 = time.perf_counter()
@@ -176,7 +182,12 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         "unique_content_tokens": ov["unique_content_tokens"],
         "unique_segments": ov["unique_segments"],
         "ingest_s": t1 - t0, "tokenize_s": t2 - t1, "replay_s": t3 - t2, "sweep_s": t4 - t3,
-        "close_s": close_s, "encoder": encoder_used, "pipeline_s": t4 - t0 + close_s, "configs": grid.size, "trie_nodes": rep.trie_nodes,
+        "close_s": close_s,
+        # CPU seconds of this process (all its threads) per stage, and of the
+        # encoder process in all: on two cores, the sum over wall time says how
+        # much of the second core was used
+        "cpu_seconds": {"ingest": c1 - c0, "tokenize": c2 - c1, "replay": c3 - c2, "sweep": c4 - c3,
+                  "encoder": _children_cpu_s()}, "encoder": encoder_used, "pipeline_s": t4 - t0 + close_s, "configs": grid.size, "trie_nodes": rep.trie_nodes,
         "db_mb": os.path.getsize(dbfile) / 1e6,
         # the encoder process runs beside ingest and tokenize: peak_rss_mb is what
         # the two held at once (sampled); each one's own peak beside it

@@ -41,6 +41,7 @@ import collections
 import itertools
 import os
 import pickle
+import queue
 import re
 import sys
 import threading
@@ -351,6 +352,13 @@ class EncoderProcess:
         self._info: dict | None = None
         self._warm_sent = 0
         self._closed = False
+        # Frames go out through one sender thread, in order: a write blocks while
+        # the child cannot read (its first ~0.6 s, loading), and ingest handing
+        # over parts must not wait for that.
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._gone = False
+        self._sender = threading.Thread(target=self._send_loop, daemon=True, name="replay-encoder-sender")
+        self._sender.start()
 
     def info(self) -> dict:
         """vocab_size, marker_ids, markers_added (waits for the child to be ready)."""
@@ -369,11 +377,22 @@ class EncoderProcess:
             raise RuntimeError(msg[1])
         return msg[1]
 
+    def _send_loop(self) -> None:
+        while True:
+            msg = self._outbox.get()
+            if msg is None:
+                return
+            if self._gone or (self._closed and msg[0] == "warm"):
+                continue  # nobody to send to, or only hints nobody will take
+            try:
+                child.write_frame(self._proc.stdin, msg)
+            except (BrokenPipeError, OSError, ValueError):
+                self._gone = True  # a caller waiting for a reply gets EOF: EncoderGone
+
     def _send(self, msg) -> None:
-        try:
-            child.write_frame(self._proc.stdin, msg)
-        except (BrokenPipeError, OSError, ValueError):
-            raise EncoderGone("the encoder process ended") from None
+        if self._gone:
+            raise EncoderGone("the encoder process ended")
+        self._outbox.put(msg)
 
     def _ask(self, msg):
         self.info()
@@ -411,6 +430,8 @@ class EncoderProcess:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._outbox.put(None)  # pending warm parts are dropped; a frame being written finishes
+            self._sender.join(timeout=5)
             child.stop(self._proc)
 
     def __del__(self):  # pragma: no cover - best effort at interpreter exit

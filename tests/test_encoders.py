@@ -264,6 +264,27 @@ def test_parts_past_the_sending_limit_are_not_sent(monkeypatch):
         assert sorted(tok.take_blobs([1, 2])) == [1]
 
 
+def test_handing_over_parts_does_not_wait_for_a_child_that_cannot_read(ref_tk):
+    """warm() returns while the child reads nothing (paused here; loading, in a real
+    run): far more than a pipe holds goes out later, in order, from the sender thread."""
+    import threading
+
+    msgs = [{"role": "user", "content": f"part {i}\n" + "y" * 2000} for i in range(400)]  # ~0.8 MB
+    with load_tokenizer() as tok:
+        tok.marker_id("user")  # loaded: the pause below is the only reason it cannot read
+        os.kill(tok._proc._proc.pid, signal.SIGSTOP)
+        try:
+            done = threading.Event()
+            t = threading.Thread(target=lambda: (tok.warm([(500 + i, "message", json.dumps(m))
+                                                           for i, m in enumerate(msgs)]), done.set()))
+            t.start()
+            assert done.wait(60), "warm() blocked on the paused child"
+        finally:
+            os.kill(tok._proc._proc.pid, signal.SIGCONT)
+        got = tok.take_blobs([500 + i for i in range(400)])  # asked after the parts: all prepared
+        assert sorted(got) == [500 + i for i in range(400)]
+
+
 def test_a_lost_encoder_process_falls_back_to_this_process(ref_tk, capsys):
     tok = load_tokenizer()
     tok.encode_arrays(["first"])
