@@ -93,6 +93,17 @@ def test_line_pieces_concatenated_equal_the_whole_text(ref_tk):
         assert got == want.tolist(), repr(t)
 
 
+def test_line_pieces_cut_where_the_definition_says():
+    """The cut points are exactly those of the definition: just after a line break,
+    when spaces/tabs then a non-whitespace character follow."""
+    import re
+
+    definition = re.compile(r"(?<=[\r\n])(?=[ \t]*[!-~\w])")
+    texts = adversarial_texts(7, 5_000) + EDGE + ["", "\n", "a\r\nb", "\r\r x\n\t\u00a0y\n\tz"]
+    for t in texts:
+        assert encoder.line_pieces(t) == definition.split(t), repr(t)
+
+
 def test_line_pieces_only_for_the_known_pre_tokenizer(ref_tk, tmp_path):
     assert encoder.line_pieces_safe(ref_tk)
     assert not encoder.line_pieces_safe(reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json"))
@@ -342,3 +353,36 @@ def test_tokenize_after_a_warmed_ingest_gives_the_same_rows(tmp_path):
     bad = [(a[0], a[1], b[1]) for a, b in zip(segs0, segs1) if a != b]
     assert not bad, bad[:3]
     assert prompts0 == prompts1
+
+
+def test_packed_arrays_come_back_as_they_were():
+    arrays = [np.arange(n, dtype=np.int32) * 7 - 3 for n in (0, 3, 0, 5, 1, 0)]
+    back = encoder._unpack(*encoder._pack(arrays))
+    assert [a.tolist() for a in back] == [a.tolist() for a in arrays]
+    wide = [np.array([2**64 - 1, 0], dtype=np.uint64), np.array([], dtype=np.uint64)]
+    assert [a.tolist() for a in encoder._unpack(*encoder._pack(wide, "<u8"), "<u8")] == [[2**64 - 1, 0], []]
+    assert encoder._unpack(*encoder._pack([])) == []
+
+
+def test_the_child_answers_a_chunk_once_its_parts_are_prepared():
+    """_Inbox: a "blobs" request waits only for the warm parts it names; other
+    requests go ahead of the warm backlog; over the backlog limit parts are dropped."""
+    inbox = encoder._Inbox(backlog_chars=100)
+    first = ("warm", [(1, "message", "a" * 10), (2, "message", "b" * 10)])
+    second = ("warm", [(3, "message", "c" * 10)])
+    inbox.put(first)
+    inbox.put(second)
+    inbox.put(("warm", [(4, "message", "d" * 90)]))  # past the backlog limit: dropped
+    inbox.put(("blobs", [1, 4]))
+    inbox.put(("segments", [7]))
+    assert inbox.next() is first and inbox.waiting()
+    assert inbox.next() is second  # the blobs request names part 1, still being prepared
+    inbox.done(first)
+    assert inbox.next() == ("blobs", [1, 4])  # before part 3 is done
+    assert inbox.next() == ("segments", [7])  # requests keep their order
+    inbox.done(second)
+    inbox.put(("encode", ["x"]))
+    inbox.put(("warm", [(5, "message", "e")]))
+    assert inbox.next() == ("encode", ["x"])  # ahead of the warm part that came after
+    inbox.put(None)
+    assert inbox.next() is None and inbox.eof  # at the end, queued parts are left
