@@ -187,7 +187,9 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         # encoder process in all: on two cores, the sum over wall time says how
         # much of the second core was used
         "cpu_seconds": {"ingest": c1 - c0, "tokenize": c2 - c1, "replay": c3 - c2, "sweep": c4 - c3,
-                  "encoder": _children_cpu_s()}, "encoder": encoder_used, "pipeline_s": t4 - t0 + close_s, "configs": grid.size, "trie_nodes": rep.trie_nodes,
+                        "encoder": _children_cpu_s()},
+        "encoder": encoder_used, "pipeline_s": t4 - t0 + close_s, "configs": grid.size,
+        "trie_nodes": rep.trie_nodes,
         "db_mb": os.path.getsize(dbfile) / 1e6,
         # the encoder process runs beside ingest and tokenize: peak_rss_mb is what
         # the two held at once (sampled); each one's own peak beside it

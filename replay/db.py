@@ -1,4 +1,4 @@
-"""Opening the DuckDB file every stage shares, and small key/value helpers."""
+"""Opening the DuckDB file every stage shares, small key/value helpers, and reading Arrow results."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from . import schema
 
@@ -49,3 +50,16 @@ def arrow(con, sql: str, params=None):
     if hasattr(rel, "to_arrow_table"):
         return rel.to_arrow_table()
     return rel.arrow()  # duckdb < 1.4
+
+
+def list_rows(col) -> list:
+    """Each row of an Arrow list column as a numpy view of its values (None for a
+    null row), through the offsets: no per-row Arrow calls. A column of NULLs
+    (``NULL AS x`` in SQL) gives all None."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if pa.types.is_null(col.type):
+        return [None] * len(col)
+    offsets = col.offsets.to_numpy()
+    values = col.values.to_numpy(zero_copy_only=False)
+    valid = col.is_valid().to_numpy(zero_copy_only=False)
+    return [values[offsets[i]:offsets[i + 1]] if valid[i] else None for i in range(len(col))]

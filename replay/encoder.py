@@ -50,8 +50,9 @@ from typing import Sequence
 
 import numpy as np
 
-from . import child
-from .render import MARKERS
+from . import child, segids
+from .formats import loads
+from .render import MARKERS, render_part
 
 BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
 BACKENDS = ("auto", "tokenizers", "fastokens")
@@ -471,10 +472,6 @@ class Prepared:
         self.stats = collections.Counter()
 
     def add(self, parts: list[tuple[int, str, str]]) -> None:
-        from . import segids
-        from .formats import loads
-        from .render import render_part
-
         if self.waiting_tokens >= PREPARED_TOKENS:
             self.stats["parts_dropped"] += len(parts)
             return

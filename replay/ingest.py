@@ -27,12 +27,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import orjson
 import zstandard
-
-try:  # optional: about 5x faster parsing and hashing; results are identical without it
-    import orjson
-except ImportError:  # pragma: no cover
-    orjson = None
 
 from .formats import (
     FORMATS,
@@ -455,7 +451,7 @@ class _Blobs:
             return t
         if type(v) is float and math.isfinite(v):
             return float.__repr__(v)  # what the standard library writes
-        if orjson is not None and type(v) in (dict, list):
+        if type(v) in (dict, list):
             try:
                 return _text_of(orjson.dumps(v), v)
             except (TypeError, orjson.JSONEncodeError):
@@ -471,7 +467,6 @@ class _Blobs:
             return None
         if body.get("system") is None and "instructions" in body:
             return None
-        fast = fast and orjson is not None
         n_before = len(self.ids)
         ids: list[int] = []
         glue: list[str] = []

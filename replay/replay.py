@@ -119,17 +119,17 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
             r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format,
             p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length""", chunk):
         # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
-        cols = {c: _ListColumn(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids")}
+        cols = {c: db.list_rows(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids")}
         meta = {c: tbl.column(c).to_pylist() for c in
                 ("request_id", "ts", "tenant", "prompt_cache_key", "session", "format", "input_length")}
-        seg_ids = cols["seg_ids"]
+        seg_ids, out_seg_ids, block_ids = cols["seg_ids"], cols["output_seg_ids"], cols["block_ids"]
         for k, rid in enumerate(meta["request_id"]):
             output = None
             if meta["format"][k] == "mooncake":
-                symbols, cum = mooncake_symbols(cols["block_ids"].row(k), int(meta["input_length"][k] or 0))
+                symbols, cum = mooncake_symbols(_or_empty(block_ids[k]), int(meta["input_length"][k] or 0))
                 n = int(cum[-1])
             else:
-                ids = seg_ids.row_list(k)
+                ids = _or_empty(seg_ids[k]).tolist()
                 conv = (meta["tenant"][k], meta["session"][k] or meta["prompt_cache_key"][k])
                 symbols, cum = segs.extend(ids, last.get(conv)), None
                 last[conv] = (ids, symbols)  # the conversation's latest prompt, for its next turn
@@ -137,32 +137,18 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                 if len(last) > RECENT_CONVERSATIONS:
                     last.popitem(last=False)
                 n = len(symbols)
-                out_ids = cols["output_seg_ids"].row_list(k)
+                out_ids = _or_empty(out_seg_ids[k]).tolist()
                 if len(out_ids):
                     output = segs.concat(out_ids)
             yield Prompt(rid, meta["ts"][k], meta["tenant"][k], meta["prompt_cache_key"][k],
                          meta["session"][k], symbols, cum, output, n)
 
 
-class _ListColumn:
-    """Rows of an Arrow list column through numpy offsets (no per-row Arrow calls)."""
+_EMPTY = np.zeros(0, dtype=np.int64)
 
-    def __init__(self, col):
-        col = col.combine_chunks()
-        if pa.types.is_null(col.type):  # a column of NULLs (no outputs asked for)
-            col = pa.array([None] * len(col), pa.list_(pa.int64()))
-        self.valid = col.is_valid().to_numpy(zero_copy_only=False)
-        self.offsets = col.offsets.to_numpy()
-        self.values = col.values.to_numpy(zero_copy_only=False)
 
-    def row(self, k: int) -> np.ndarray:
-        """Row ``k`` (empty for null)."""
-        if not self.valid[k]:
-            return self.values[:0]
-        return self.values[self.offsets[k]:self.offsets[k + 1]]
-
-    def row_list(self, k: int) -> list[int]:
-        return self.row(k).tolist()
+def _or_empty(row: np.ndarray | None) -> np.ndarray:
+    return _EMPTY if row is None else row
 
 
 def time_ordered_chunks(con, columns: str, chunk: int = 2_000):

@@ -418,17 +418,6 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
     return cleared
 
 
-def _column_arrays(tbl: pa.Table, name: str) -> list[np.ndarray | None]:
-    col = tbl.column(name).combine_chunks()
-    out: list[np.ndarray | None] = []
-    offsets = col.offsets.to_numpy()
-    values = col.values.to_numpy(zero_copy_only=False)
-    valid = col.is_valid().to_numpy(zero_copy_only=False)
-    for i in range(len(col)):
-        out.append(values[offsets[i]:offsets[i + 1]] if valid[i] else None)
-    return out
-
-
 class _Grow:
     """A numpy array that grows by appending (amortised doubling)."""
 
@@ -618,6 +607,16 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + shift
 
 
+def _take_rows(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of a list column stored as (values, ``offsets``): the positions
+    of their values, in order, and the offsets of the taken rows."""
+    starts = offsets[:-1][rows].astype(np.int64)
+    lengths = (offsets[1:] - offsets[:-1])[rows].astype(np.int64)
+    new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    return _ranges(starts, lengths), new_offsets
+
+
 def _blob_prompts(assembled, blob_cache: "_BlobCache", keep: list[int], outputs: list,
                   rids: np.ndarray, known: dict[int, int]) -> pa.Table:
     """The ``prompts`` rows of the blob-bodied requests ``keep`` (positions in the
@@ -627,11 +626,8 @@ def _blob_prompts(assembled, blob_cache: "_BlobCache", keep: list[int], outputs:
     n_tokens = blob_cache.n_tokens(row, idx, n_req, known)
     keep_a = np.asarray(keep, dtype=np.int64)
     if len(keep_a) < n_req:  # some failed (their output did not render): take the others' slices
-        lengths = (off[1:] - off[:-1])[keep_a]
-        flat = _ranges(off[:-1][keep_a], lengths)
+        flat, off = _take_rows(off, keep_a)
         seg_ids, parts = seg_ids[flat], parts[flat]
-        off = np.zeros(len(keep_a) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=off[1:])
     off32 = pa.array(off.astype(np.int32))
     out_n = [None if o is None else sum(known[s] for s in o) for o in outputs]
     return pa.table({
@@ -695,20 +691,16 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             fmts = tbl.column("format").to_pylist()
             bodies = tbl.column("body").to_pylist()
             outputs = tbl.column("output").to_pylist()
-            toks = _column_arrays(tbl, "tokens")
-            out_toks = _column_arrays(tbl, "output_tokens")
+            toks = db.list_rows(tbl.column("tokens"))
+            out_toks = db.list_rows(tbl.column("output_tokens"))
             blobs_col = tbl.column("body_blobs").combine_chunks()
             blob_valid = blobs_col.is_valid().to_numpy(zero_copy_only=False)
             # requests whose body is stored as blobs: assembled together, with arrays
             by_blobs = np.array([blob_valid[i] and bodies[i] is None and fmts[i] != "tokens"
                                  for i in range(len(rids))], dtype=bool)
             sel = np.flatnonzero(by_blobs)
-            blob_offsets = blobs_col.offsets.to_numpy()
-            blob_values = blobs_col.values.to_numpy(zero_copy_only=False)
-            lens = (blob_offsets[1:] - blob_offsets[:-1])[sel]
-            sel_ids = blob_values[_ranges(blob_offsets[:-1][sel].astype(np.int64), lens.astype(np.int64))]
-            sel_off = np.zeros(len(sel) + 1, dtype=np.int64)
-            np.cumsum(lens, out=sel_off[1:])
+            flat, sel_off = _take_rows(blobs_col.offsets.to_numpy(), sel)
+            sel_ids = blobs_col.values.to_numpy(zero_copy_only=False)[flat]
             blob_cache.load(con, sel_ids, (lo, hi))
             assembled = blob_cache.assemble(sel_ids, sel_off) if len(sel) else None
 
@@ -821,7 +813,7 @@ def load_prompt_tokens(con, request_ids: Iterable[int], with_output: bool = Fals
     tbl = con.sql("SELECT s.seg_id, s.tokens FROM segments s "
                   "JOIN _replay_seg_ids w USING (seg_id)").to_arrow_table()
     seg_ids = tbl.column("seg_id").to_pylist()
-    arrays = _column_arrays(tbl, "tokens")
+    arrays = db.list_rows(tbl.column("tokens"))
     by_id = {s: np.asarray(a, dtype=np.int32) for s, a in zip(seg_ids, arrays)}
     out: dict[int, np.ndarray] = {}
     empty = np.zeros(0, np.int32)

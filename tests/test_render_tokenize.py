@@ -513,3 +513,13 @@ def test_switching_tokenizer_clears_old_rows(tmp_path, tok):
     s3 = tokenize_stage(con, local)
     assert not s3.cleared and s3.new_prompts == 0
     con.close()
+
+
+def test_list_rows_views_each_row_and_none_for_nulls():
+    import pyarrow as pa
+
+    col = pa.chunked_array([pa.array([[1, 2], None], pa.list_(pa.int64())),
+                            pa.array([[], [3]], pa.list_(pa.int64()))])
+    rows = db.list_rows(col)
+    assert [None if r is None else r.tolist() for r in rows] == [[1, 2], None, [], [3]]
+    assert db.list_rows(pa.array([None, None])) == [None, None]  # a column of NULLs (``NULL AS x``)
