@@ -53,6 +53,11 @@ class Prompt:
     cum: np.ndarray | None         # symbol depth -> token depth (block traces only)
     output: np.ndarray | None      # generated symbols, when the log has them
     n_tokens: int
+    # the first ``shared`` symbols are those of the conversation's previous prompt,
+    # which had (ts, key, session) = ``previous``: where that one was walked, they
+    # are a path of the trie already (replay_prompts)
+    shared: int = 0
+    previous: tuple[float, str | None, str | None] | None = None
 
 
 def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -85,21 +90,30 @@ class SegmentStore:
             return self._tokens[seg_ids[0]].copy()
         return np.concatenate(itemgetter(*seg_ids)(self._tokens))
 
-    def extend(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> np.ndarray:
+    def extend(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> tuple[np.ndarray, int]:
         """``concat(seg_ids)``, copying the part shared with ``prev`` (an earlier
         prompt's segment ids and tokens) in one piece when ``seg_ids`` repeats all
         of prev's segments but its last (an agent's next turn: the same
         conversation, then the reply and new messages instead of the generation
-        marker) — joining hundreds of segments again is most of the cost."""
+        marker) — joining hundreds of segments again is most of the cost. Otherwise
+        the segments it shares with prev from the start are copied in one piece.
+        Also returns how many leading tokens are prev's."""
         if prev is not None:
             psegs, ptoks = prev
             n = len(psegs) - 1
             if 0 < n < len(seg_ids) and seg_ids[:n] == psegs[:n]:
                 cut = len(ptoks) - len(self._tokens[psegs[-1]])
-                rest = seg_ids[n:]
-                return np.concatenate([ptoks[:cut], *itemgetter(*rest)(self._tokens)] if len(rest) > 1
-                                      else [ptoks[:cut], self._tokens[rest[0]]])
-        return self.concat(seg_ids)
+            else:  # an earlier message changed (an agent trimming old tool output, say)
+                n = next((i for i, (a, b) in enumerate(zip(seg_ids, psegs)) if a != b), min(len(seg_ids), len(psegs)))
+                if n == 0:
+                    return self.concat(seg_ids), 0
+                cut = sum(map(len, itemgetter(*psegs[:n])(self._tokens))) if n > 1 else len(self._tokens[psegs[0]])
+            rest = seg_ids[n:]
+            if not rest:
+                return ptoks[:cut].copy(), cut
+            return np.concatenate([ptoks[:cut], *itemgetter(*rest)(self._tokens)] if len(rest) > 1
+                                  else [ptoks[:cut], self._tokens[rest[0]]]), cut
+        return self.concat(seg_ids), 0
 
     def __len__(self) -> int:
         return len(self._tokens)
@@ -124,15 +138,19 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                 ("request_id", "ts", "tenant", "prompt_cache_key", "session", "format", "input_length")}
         seg_ids, out_seg_ids, block_ids = cols["seg_ids"], cols["output_seg_ids"], cols["block_ids"]
         for k, rid in enumerate(meta["request_id"]):
-            output = None
+            output, shared, previous = None, 0, None
             if meta["format"][k] == "mooncake":
                 symbols, cum = mooncake_symbols(_or_empty(block_ids[k]), int(meta["input_length"][k] or 0))
                 n = int(cum[-1])
             else:
                 ids = _or_empty(seg_ids[k]).tolist()
                 conv = (meta["tenant"][k], meta["session"][k] or meta["prompt_cache_key"][k])
-                symbols, cum = segs.extend(ids, last.get(conv)), None
-                last[conv] = (ids, symbols)  # the conversation's latest prompt, for its next turn
+                before = last.get(conv)
+                (symbols, shared), cum = segs.extend(ids, before and before[:2]), None
+                if shared:
+                    previous = before[2]
+                # the conversation's latest prompt, for its next turn
+                last[conv] = (ids, symbols, (meta["ts"][k], meta["prompt_cache_key"][k], meta["session"][k]))
                 last.move_to_end(conv)
                 if len(last) > RECENT_CONVERSATIONS:
                     last.popitem(last=False)
@@ -141,7 +159,7 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                 if len(out_ids):
                     output = segs.concat(out_ids)
             yield Prompt(rid, meta["ts"][k], meta["tenant"][k], meta["prompt_cache_key"][k],
-                         meta["session"][k], symbols, cum, output, n)
+                         meta["session"][k], symbols, cum, output, n, shared, previous)
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -211,7 +229,12 @@ def replay_prompts(prompts, modes=MODES, variants=("prompt",), horizon: float = 
                 trie = streams.get(s)
                 if trie is None:
                     trie = streams[s] = Trie(horizon)
-                steps = trie.walk(p.symbols, p.ts, insert=insert, cum=p.cum)
+                # The previous prompt of the conversation was walked into this trie
+                # when it went to the same stream; within the horizon nothing of its
+                # path has been pruned since, so the symbols it shares are a path here.
+                known = (p.shared if p.shared and p.ts - p.previous[0] <= horizon
+                         and stream_key(m, p.tenant, p.previous[1], p.previous[2]) == s else 0)
+                steps = trie.walk(p.symbols, p.ts, insert=insert, cum=p.cum, known=known)
                 out[(v, m)].append((p.request_id, s, p.ts, p.n_tokens,
                                     [g for g, _ in steps], [d for _, d in steps]))
         if progress is not None:

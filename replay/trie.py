@@ -71,23 +71,26 @@ class Trie:
 
     # ---- the walk -------------------------------------------------------
     def walk(self, seq: np.ndarray, t: float, insert: np.ndarray | None = None,
-             cum: np.ndarray | None = None) -> list[tuple[float, int]]:
+             cum: np.ndarray | None = None, known: int = 0) -> list[tuple[float, int]]:
         """Walk ``seq`` at time ``t``; return its steps and insert it.
 
         ``insert`` (a sequence starting with ``seq``, e.g. prompt + output) is
         what gets inserted instead of ``seq`` when the engine also keeps the
-        generated tokens. ``cum`` maps symbol depth to token depth.
+        generated tokens. ``cum`` maps symbol depth to token depth. ``known``:
+        the caller's guarantee that ``seq[:known]`` is a path of this trie
+        already (an earlier sequence it walked, not pruned since), so edges
+        within it match whole without being compared.
         """
         if self.horizon != math.inf and t - self._last_prune > self.horizon / 2:
             self.prune(t)
-        steps = self._descend(seq, t, record=True)
+        steps = self._descend(seq, t, record=True, known=known)
         if insert is not None and len(insert) > len(seq):
-            self._descend(insert, t, record=False)
+            self._descend(insert, t, record=False, known=len(seq))  # seq is a path now
         if cum is not None:
             steps = [(g, int(cum[d])) for g, d in steps]
         return steps
 
-    def _descend(self, seq: np.ndarray, t: float, record: bool) -> list[tuple[float, int]]:
+    def _descend(self, seq: np.ndarray, t: float, record: bool, known: int = 0) -> list[tuple[float, int]]:
         steps: list[tuple[float, int]] = []
         path: list[tuple[_Node, int, int]] = []  # (node, start depth, end depth) below root
         node, pos, n = self.root, 0, len(seq)
@@ -96,7 +99,7 @@ class Trie:
             if child is None:
                 break
             edge = child.edge
-            matched = common_prefix_len(edge, seq[pos:])
+            matched = len(edge) if pos + len(edge) <= known else common_prefix_len(edge, seq[pos:])
             if record:
                 gap = t - child.last_used
                 if gap > self.horizon:

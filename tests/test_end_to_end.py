@@ -119,3 +119,46 @@ def test_replay_prompts_equal_the_tokenized_prompts(tmp_path):
     got = {p.request_id: p.symbols for p in iter_prompts(con)}
     assert set(got) == set(want) and len(got) > 100
     assert all(np.array_equal(got[r], want[r]) for r in want)
+
+
+@pytest.mark.parametrize("seed", [3, 8])
+def test_walks_are_the_same_without_the_shared_prefix_shortcut(tmp_path, monkeypatch, seed):
+    """The replay lets a prompt built from its conversation's previous one skip
+    comparing the shared part (replay.replay_prompts, ``known``). Within a finite
+    horizon, with turns further apart than it (pruned in between) and requests
+    whose key or session changes within a conversation (another stream in some
+    modes), the walks must be those of the plain walk."""
+    import random
+
+    from replay import db, pipeline
+    from replay.replay import SegmentStore, replay_stage
+    from replay.synth import generate
+
+    generate(tmp_path / "logs", seed=seed, scale=0.5, hours=6)
+    con = db.connect(tmp_path / "x.duckdb")
+    pipeline.ingest(con, [tmp_path / "logs"])
+    pipeline.tokenize(con)
+    rng = random.Random(seed)
+    rows = con.execute("SELECT request_id, ts, prompt_cache_key, session FROM requests").fetchall()
+    for rid, ts, key, session in rows:
+        r = rng.random()
+        if r < 0.15:
+            con.execute("UPDATE requests SET prompt_cache_key = ? WHERE request_id = ?", [f"k{rng.randrange(3)}", rid])
+        elif r < 0.25:
+            con.execute("UPDATE requests SET session = NULL, prompt_cache_key = ? WHERE request_id = ?",
+                        [session, rid])
+        elif r < 0.35:
+            con.execute("UPDATE requests SET ts = ts + ? WHERE request_id = ?", [rng.choice([300, 900, 4000]), rid])
+        elif r < 0.40 and session is not None:  # the rest of this session comes back after a pause
+            con.execute("UPDATE requests SET ts = ts + ? WHERE session = ? AND ts > ?",
+                        [rng.choice([400, 900, 4000]), session, ts])
+    walks = []
+    for shortcut in (True, False):
+        if not shortcut:
+            plain = SegmentStore.extend
+            monkeypatch.setattr(SegmentStore, "extend", lambda self, ids, prev: (plain(self, ids, prev)[0], 0))
+        replay_stage(con, modes=("tenant", "key", "session", "global"), horizon=600.0)
+        walks.append(con.execute("SELECT mode, request_id, stream, gaps, depths FROM walks "
+                                 "ORDER BY mode, request_id").fetchall())
+    assert len(walks[0]) > 400
+    assert walks[0] == walks[1]

@@ -103,3 +103,26 @@ def test_quiet_streams_are_swept_so_memory_follows_the_window():
     assert res["_nodes"]["prompt/session"] <= 2 * 5
     full = replay_prompts(prompts, ("session",), ("prompt",))
     assert full["_nodes"]["prompt/session"] == 2 * 200
+
+
+def test_a_shared_prefix_is_trusted_only_in_its_stream_and_within_the_horizon():
+    """replay_prompts skips comparing the symbols a prompt shares with its
+    conversation's previous one only where that one's path must still be in the
+    trie. Here the path is gone (pruned; another key's stream) and a different
+    path starts with the same symbol: trusting it would report 5 tokens, not 2."""
+    def p(i, ts, toks, key=None, session=None, shared=0, previous=None):
+        return Prompt(i, ts, "t", key, session, np.array(toks, dtype=np.int32), None, None, len(toks),
+                      shared, previous)
+
+    first, other = [1, 2, 3, 4, 5, 6], [1, 2, 7, 7, 7]
+    # past the horizon: the first path is pruned before the other one is walked
+    pruned = [p(0, 0.0, first, session="x"), p(1, 700.0, other, session="y"),
+              p(2, 800.0, first + [8, 8], session="x", shared=6, previous=(0.0, None, "x"))]
+    out = replay_prompts(pruned, modes=("tenant",), horizon=600.0)
+    assert out[("prompt", "tenant")][2][5] == [2]
+    # the same session under another key: in key mode another stream's trie
+    moved = [p(0, 0.0, first, key="A", session="x"), p(1, 1.0, other, key="B"),
+             p(2, 2.0, first + [8], key="B", session="x", shared=6, previous=(0.0, "A", "x"))]
+    out = replay_prompts(moved, modes=("key", "session"))
+    assert out[("prompt", "key")][2][5] == [2]
+    assert out[("prompt", "session")][2][5] == [6]  # same stream: the whole shared part hits
