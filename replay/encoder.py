@@ -12,9 +12,9 @@ The reference is Hugging Face ``tokenizers`` (the tokenizer.json as shipped).
   an agent's new messages repeat lines of earlier ones (a system prompt whose
   date line changed, a file read twice), so the reference encodes only the
   unique lines.
-* **tiktoken** (same tokenizers): the unique pieces are encoded by a tiktoken
-  encoding of the same vocabulary, ~2.5x faster than the reference here and
-  built in ~0.2 s (the argument that its ids are the reference's is in
+* **tiktoken** (for the same pre-tokenizer): the unique pieces are encoded by a
+  tiktoken encoding of the same vocabulary, ~2.5x faster than the reference
+  here and built in ~0.5 s (the argument that its ids are the reference's is in
   :mod:`replay.tiktoken_bpe`).
 * **fastokens** (when installed): a Rust BPE encoder for the same tokenizer.json,
   16-40x faster than the reference here but ~2 s and ~150 MB to build. It is built once the text
@@ -195,7 +195,7 @@ class Engine:
         self.backend = backend
         known = line_pieces_safe(tokenizer)
         self.split = known if line_pieces is None else line_pieces
-        # tiktoken: built at first use (~0.2 s), for the pre-tokenizer it was written for
+        # tiktoken: built at first use (~0.5 s), for the pre-tokenizer it was written for
         self._tik_wanted = backend in ("auto", "tiktoken") and known and tiktoken_bpe.available()
         self._tik = None
         self._fast_wanted = backend in ("auto", "fastokens") and _has_fastokens()

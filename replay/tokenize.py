@@ -99,12 +99,12 @@ class Tok:
     Face ``tokenizers.Tokenizer`` itself (loaded here on first use).
 
     The encoding is done by a :class:`replay.encoder.Engine` — exactly the
-    reference ``tokenizers`` ids, for less work (line pieces, fastokens; see
-    that module) — in a child process started here (``REPLAY_ENCODER=inline``
+    reference ``tokenizers`` ids, for less work (line pieces, tiktoken, fastokens;
+    see that module) — in a child process started here (``REPLAY_ENCODER=inline``
     keeps it in this process; so does a child that cannot start or dies, with
     a warning). Creating a ``Tok`` before ingesting lets the child load while
     ingest runs, and ``warm()`` hands it new body parts to encode ahead.
-    ``backend``: ``auto`` | ``tokenizers`` | ``fastokens`` (default: the
+    ``backend``: ``auto`` | ``tokenizers`` | ``tiktoken`` | ``fastokens`` (default: the
     ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``).
     """
 
