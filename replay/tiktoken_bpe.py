@@ -151,6 +151,7 @@ def build(reference, tokenizer_json: str | bytes):
     if not _merge_order_is_id_order(vocab, model.get("merges") or []):
         return None
     ranks = _byte_ranks(vocab)
+    del model, vocab  # the parsed JSON (~50 MB) goes before tiktoken copies the ranks
     if any(bytes([b]) not in ranks for b in range(256)):
         return None
     added = list(reference.get_added_tokens_decoder().items())
