@@ -13,7 +13,7 @@ The reference is Hugging Face ``tokenizers`` (the tokenizer.json as shipped).
   date line changed, a file read twice), so the reference encodes only the
   unique lines.
 * **tiktoken** (for the same pre-tokenizer): the unique pieces are encoded by a
-  tiktoken encoding of the same vocabulary, ~2.5x faster than the reference
+  tiktoken encoding of the same vocabulary, 2-3x faster than the reference
   here and built in ~0.5 s (the argument that its ids are the reference's is in
   :mod:`replay.tiktoken_bpe`).
 * **fastokens** (when installed): a Rust BPE encoder for the same tokenizer.json,
