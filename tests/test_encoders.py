@@ -214,7 +214,7 @@ def _deepseek_json() -> dict:
 
 
 @tiktoken_only
-def test_tiktoken_is_built_only_where_the_argument_holds(ref_tk):
+def test_tiktoken_is_built_only_where_the_argument_holds(ref_tk, tmp_path):
     from tokenizers import AddedToken
 
     assert tiktoken_bpe.build(ref_tk, json.dumps(_deepseek_json())) is not None
@@ -232,15 +232,8 @@ def test_tiktoken_is_built_only_where_the_argument_holds(ref_tk):
     prefixed.add_special_tokens([AddedToken("<thin", special=True)])  # a prefix of <think>
     assert tiktoken_bpe.build(prefixed, json.dumps(_deepseek_json())) is None
     # another pre-tokenizer: the engine does not even try
-    tiny = reference(make_local_tokenizer_path())
+    tiny = reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json")
     assert encoder.Engine(tiny, backend="tiktoken")._tik_wanted is False
-
-
-def make_local_tokenizer_path():
-    import tempfile
-    from pathlib import Path
-
-    return make_local_tokenizer(Path(tempfile.mkdtemp()) / "t") / "tokenizer.json"
 
 
 def test_byte_ranks_are_the_byte_level_strings_bytes():
