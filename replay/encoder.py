@@ -263,6 +263,10 @@ class Engine:
         if self._tik is None:
             return self._reference(texts), False
         self.stats["tiktoken_texts"] += len(texts)
+        try:
+            "".join(texts).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: replaced as the reference path does
+            texts = [_sanitize(t) for t in texts]
         return self._tik.encode(texts), True
 
     def _drop_tiktoken(self) -> None:

@@ -182,12 +182,9 @@ class Encoder:
         self._added_re = _trie_regex(list(added)) if added else None
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Each text's ids (int32). A lone surrogate is replaced as the engine's
-        reference path does (UTF-8 ``replace``), not as tiktoken would."""
-        try:
-            "".join(texts).encode("utf-8")
-        except UnicodeEncodeError:
-            texts = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
+        """Each text's ids (int32). The texts must hold no lone surrogate: tiktoken
+        would replace it with U+FFFD, the engine's reference path with "?"
+        (the engine replaces them first)."""
         ordinary, firsts = self.enc.encode_ordinary, self._firsts
         flat: list[int] = []
         ends = []

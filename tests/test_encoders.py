@@ -150,8 +150,7 @@ def code_point_texts(seed: int, n: int) -> list[str]:
             return chr(rng.randint(0x80, 0x2FFF))
         if r < 0.85:
             return chr(rng.choice([rng.randint(0x3000, 0x30FF), rng.randint(0x3100, 0xFFFF)]))
-        c = rng.randint(0x10000, 0x10FFFF)
-        return chr(c)
+        return chr(rng.randint(0x10000, 0x10FFFF))
     return ["".join(char() for _ in range(rng.randint(1, 14))) for _ in range(n)]
 
 
