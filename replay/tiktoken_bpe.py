@@ -34,9 +34,14 @@ takes the longest match, tiktoken's regex the first alternative).
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import itertools
+import os
 import re
+import struct
+import tempfile
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -136,13 +141,9 @@ def _byte_ranks(vocab: dict[str, int]) -> dict[bytes, int]:
     return dict(zip(map(data.__getitem__, map(slice, [0, *ends[:-1]], ends)), map(vocab.__getitem__, byte_level)))
 
 
-def build(reference, tokenizer_json: str | bytes):
-    """A tiktoken Encoding giving ``reference``'s ids, or None when this tokenizer
-    is not one the argument above holds for. ``reference``: the ``tokenizers``
-    Tokenizer, markers added, with the known pre-tokenizer (the caller checks);
-    ``tokenizer_json``: its tokenizer.json text (for the vocabulary and merges)."""
-    import tiktoken
-
+def _ranks_from_json(tokenizer_json: str | bytes) -> dict[bytes, int] | None:
+    """The merge ranks tiktoken needs (bytes → id), or None when the model is not a
+    byte-level BPE whose merge order is its id order (module docstring)."""
     model = orjson.loads(tokenizer_json).get("model") or {}
     if (model.get("type") != "BPE" or model.get("dropout") or model.get("continuing_subword_prefix")
             or model.get("end_of_word_suffix") or model.get("byte_fallback") or model.get("ignore_merges")):
@@ -153,6 +154,100 @@ def build(reference, tokenizer_json: str | bytes):
     ranks = _byte_ranks(vocab)
     del model, vocab  # the parsed JSON (~50 MB) goes before tiktoken copies the ranks
     if any(bytes([b]) not in ranks for b in range(256)):
+        return None
+    return ranks
+
+
+# The ranks are a function of tokenizer.json alone and take ~0.35 s to derive
+# (parse, merge check, byte-level translation), most of the build: they are kept
+# in a file named by the JSON's sha256, read back in ~0.04 s. Bump the version
+# whenever _ranks_from_json changes what it gives.
+RANKS_CACHE_VERSION = 1
+_RANKS_MAGIC = b"replay tiktoken ranks\n"
+
+
+def cache_dir() -> Path | None:
+    """Where the ranks are kept: ``REPLAY_CACHE_DIR`` (empty: nowhere), else
+    ``$XDG_CACHE_HOME/replay`` or ``~/.cache/replay``."""
+    d = os.environ.get("REPLAY_CACHE_DIR")
+    if d is not None:
+        return Path(d) if d else None
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "replay"
+
+
+def _ranks_path(tokenizer_json: str | bytes) -> Path | None:
+    d = cache_dir()
+    if d is None:
+        return None
+    data = tokenizer_json.encode("utf-8") if isinstance(tokenizer_json, str) else tokenizer_json
+    return d / f"tiktoken-ranks-v{RANKS_CACHE_VERSION}-{hashlib.sha256(data).hexdigest()[:32]}.bin"
+
+
+def _pack_ranks(ranks: dict[bytes, int]) -> bytes:
+    """magic, count, ids (u32), lengths (u32), then the token bytes run together."""
+    keys = list(ranks)
+    ids = np.fromiter(map(ranks.__getitem__, keys), dtype="<u4", count=len(keys))
+    lens = np.fromiter(map(len, keys), dtype="<u4", count=len(keys))
+    return b"".join([_RANKS_MAGIC, struct.pack("<Q", len(keys)), ids.tobytes(), lens.tobytes(), *keys])
+
+
+def _unpack_ranks(buf: bytes) -> dict[bytes, int] | None:
+    """The ranks of a :func:`_pack_ranks` file, or None for anything else (a
+    truncated or foreign file)."""
+    head = len(_RANKS_MAGIC) + 8
+    if len(buf) < head or not buf.startswith(_RANKS_MAGIC):
+        return None
+    (n,) = struct.unpack_from("<Q", buf, len(_RANKS_MAGIC))
+    if len(buf) < head + 8 * n:
+        return None
+    ids = np.frombuffer(buf, dtype="<u4", count=n, offset=head)
+    lens = np.frombuffer(buf, dtype="<u4", count=n, offset=head + 4 * n)
+    start = head + 8 * n
+    ends = (np.cumsum(lens, dtype=np.int64) + start).tolist()
+    if (ends[-1] if n else start) != len(buf):
+        return None
+    return dict(zip(map(buf.__getitem__, map(slice, [start, *ends[:-1]], ends)), ids.tolist()))
+
+
+def cached_ranks(tokenizer_json: str | bytes) -> dict[bytes, int] | None:
+    """:func:`_ranks_from_json`, from the cache file when there is a good one;
+    a new result is written there (atomically; a cache that cannot be written is
+    no error)."""
+    path = _ranks_path(tokenizer_json)
+    if path is not None:
+        try:
+            got = _unpack_ranks(path.read_bytes())
+        except OSError:
+            got = None
+        if got is not None:
+            return got
+    ranks = _ranks_from_json(tokenizer_json)
+    if ranks is not None and path is not None:
+        tmp = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ranks-")
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(_pack_ranks(ranks))
+            os.replace(tmp, path)
+            tmp = None
+        except OSError:
+            pass
+        finally:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+    return ranks
+
+
+def build(reference, tokenizer_json: str | bytes):
+    """A tiktoken Encoding giving ``reference``'s ids, or None when this tokenizer
+    is not one the argument above holds for. ``reference``: the ``tokenizers``
+    Tokenizer, markers added, with the known pre-tokenizer (the caller checks);
+    ``tokenizer_json``: its tokenizer.json text (for the vocabulary and merges)."""
+    import tiktoken
+
+    ranks = cached_ranks(tokenizer_json)
+    if ranks is None:
         return None
     added = list(reference.get_added_tokens_decoder().items())
     if any(t.lstrip or t.rstrip or t.single_word for _, t in added):

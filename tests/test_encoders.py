@@ -9,6 +9,7 @@ import json
 import os
 import random
 import signal
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -233,6 +234,43 @@ def test_tiktoken_is_built_only_where_the_argument_holds(ref_tk, tmp_path):
     # another pre-tokenizer: the engine does not even try
     tiny = reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json")
     assert encoder.Engine(tiny, backend="tiktoken")._tik_wanted is False
+
+
+@tiktoken_only
+def test_the_ranks_cache_gives_the_derived_ranks_and_survives_bad_files(ref_tk, tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "cache"))
+    data = Path(DEEPSEEK).read_bytes()
+    derived = tiktoken_bpe._ranks_from_json(data)
+    assert tiktoken_bpe.cached_ranks(data) == derived  # derived, then written
+    (path,) = (tmp_path / "cache").iterdir()
+    # read back without deriving: the file alone gives them, and a working encoder
+    monkeypatch.setattr(tiktoken_bpe, "_ranks_from_json", lambda _: pytest.fail("derived again"))
+    assert tiktoken_bpe.cached_ranks(data) == derived
+    texts = adversarial_texts(5, 300)
+    fast = tiktoken_bpe.build(ref_tk, data)
+    assert all(np.array_equal(a, b) for a, b in zip(fast.encode([encoder._sanitize(t) for t in texts]),
+                                                     ref_ids(ref_tk, texts)))
+    monkeypatch.undo()
+    monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "cache"))
+    good = path.read_bytes()
+    for bad in (good[:-1], good + b"x", b"other" + good[5:], good[:30], b""):
+        path.write_bytes(bad)
+        assert tiktoken_bpe.cached_ranks(data) == derived
+        assert path.read_bytes() == good  # rewritten
+    # another tokenizer.json, another file; one that gives no ranks writes none
+    swapped = _deepseek_json()
+    merges = swapped["model"]["merges"]
+    merges[10], merges[11] = merges[11], merges[10]
+    assert tiktoken_bpe.cached_ranks(json.dumps(swapped)) is None
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    # no cache, or one that cannot be written: the ranks all the same, nothing left behind
+    monkeypatch.setenv("REPLAY_CACHE_DIR", "")
+    assert tiktoken_bpe.cache_dir() is None and tiktoken_bpe.cached_ranks(data) == derived
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "file" / "sub"))
+    assert tiktoken_bpe.cached_ranks(data) == derived
+    assert tiktoken_bpe._unpack_ranks(tiktoken_bpe._pack_ranks({b"a": 3, b"\x00\xff": 0})) == {b"a": 3, b"\x00\xff": 0}
+    assert tiktoken_bpe._unpack_ranks(tiktoken_bpe._pack_ranks({})) == {}
 
 
 def test_byte_ranks_are_the_byte_level_strings_bytes():
