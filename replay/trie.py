@@ -99,7 +99,12 @@ class Trie:
             if child is None:
                 break
             edge = child.edge
-            matched = len(edge) if pos + len(edge) <= known else common_prefix_len(edge, seq[pos:])
+            if pos + len(edge) <= known:
+                matched = len(edge)
+            elif pos < known:  # the edge's part up to ``known`` matches: compare the rest
+                matched = known - pos + common_prefix_len(edge[known - pos:], seq[known:])
+            else:
+                matched = common_prefix_len(edge, seq[pos:])
             if record:
                 gap = t - child.last_used
                 if gap > self.horizon:
