@@ -9,6 +9,7 @@ profiles, diagnosis) is derived from that small table without replaying again.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import OrderedDict
@@ -173,22 +174,30 @@ def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
     """Arrow tables of ``requests r LEFT JOIN prompts p`` (``columns`` must start
     with ``r.request_id``) in processing order — time, then input order.
 
-    Only the keys are sorted; rows are fetched chunk by chunk in that order. Ids
-    follow input order, which is close to time order in real logs, so each chunk
-    reads a narrow id range (zone maps skip the rest) and memory stays bounded by
-    the chunk — one ORDER BY over a week's token-id lists does not fit a capped
-    DuckDB.
+    Only the keys are sorted; rows are fetched chunk by chunk in that order, so
+    memory stays bounded by the chunk — one ORDER BY over a week's token-id lists
+    does not fit a capped DuckDB. A chunk's ids are handed to DuckDB as an Arrow
+    table it semi-joins with, inside the chunk's id range (zone maps skip the
+    rest): at a week's 109 chunks, each spanning ~10× as many ids as it holds
+    (a day's files interleave in time), 0.015 s a chunk, against 0.2 s for the
+    same ids written out as ``IN (…)`` and 0.1 s for the whole range.
     """
     order = con.execute("SELECT request_id FROM requests ORDER BY ts, request_id").fetchnumpy()["request_id"]
+    name = f"__replay_chunk_ids_{next(_CHUNK_VIEWS)}"  # generators of one connection may interleave
     for start in range(0, len(order), chunk):
         ids = order[start:start + chunk]
-        lo, hi = int(ids.min()), int(ids.max())
-        where = (f"r.request_id BETWEEN {lo} AND {hi}" if hi - lo < 4 * len(ids)
-                 else f"r.request_id IN ({','.join(map(str, ids.tolist()))})")
-        tbl = db.arrow(con, f"SELECT {columns} FROM requests r LEFT JOIN prompts p USING (request_id) "
-                            f"WHERE {where}")
+        con.register(name, pa.table({"request_id": pa.array(ids, pa.int64())}))
+        try:
+            tbl = db.arrow(con, f"SELECT {columns} FROM requests r LEFT JOIN prompts p USING (request_id) "
+                                f"WHERE r.request_id BETWEEN {int(ids.min())} AND {int(ids.max())} "
+                                f"AND r.request_id IN (SELECT request_id FROM {name})")
+        finally:
+            con.unregister(name)
         pos = {rid: k for k, rid in enumerate(tbl.column("request_id").to_pylist())}
         yield tbl.take([pos[i] for i in ids.tolist()])
+
+
+_CHUNK_VIEWS = itertools.count()
 
 
 @dataclass

@@ -162,3 +162,35 @@ def test_walks_are_the_same_without_the_shared_prefix_shortcut(tmp_path, monkeyp
                                  "ORDER BY mode, request_id").fetchall())
     assert len(walks[0]) > 400
     assert walks[0] == walks[1]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 500])
+def test_time_ordered_chunks_give_every_request_once_in_processing_order(tmp_path, chunk):
+    """Chunks are fetched by their ids (a semi-join inside their id range); files
+    that interleave in time, ties in time and ids far apart all come back in
+    (ts, request_id) order, each once, with the row's own columns."""
+    import numpy as np
+
+    from replay import db, pipeline
+    from replay.replay import iter_prompts, time_ordered_chunks
+    from replay.synth import generate
+
+    generate(tmp_path / "logs", seed=5, scale=0.5)
+    con = db.connect(tmp_path / "x.duckdb")
+    pipeline.ingest(con, [tmp_path / "logs"])
+    pipeline.tokenize(con)
+    rng = random.Random(chunk)
+    for (rid,) in con.execute("SELECT request_id FROM requests").fetchall():
+        if rng.random() < 0.2:  # ties across files
+            con.execute("UPDATE requests SET ts = floor(ts / 600) * 600 WHERE request_id = ?", [rid])
+    want = con.execute("SELECT request_id, tenant, ts FROM requests ORDER BY ts, request_id").fetchall()
+    got = [row for tbl in time_ordered_chunks(con, "r.request_id, r.tenant, r.ts", chunk)
+           for row in zip(*(tbl.column(c).to_pylist() for c in ("request_id", "tenant", "ts")))]
+    assert got == want and len(want) > 100
+    spans = np.diff([r[0] for r in want])
+    assert (spans < 0).any()  # the files interleave: ids are not in time order
+    # two generators on one connection, interleaved
+    a, b = time_ordered_chunks(con, "r.request_id", chunk), time_ordered_chunks(con, "r.request_id", chunk)
+    first = [next(a).column("request_id").to_pylist(), next(b).column("request_id").to_pylist()]
+    assert first[0] == first[1] == [r[0] for r in want[:chunk]]
+    assert [p.request_id for p in iter_prompts(con, chunk=chunk)] == [r[0] for r in want]
