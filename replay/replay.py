@@ -9,10 +9,12 @@ profiles, diagnosis) is derived from that small table without replaying again.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Iterator
@@ -214,6 +216,27 @@ def replay_prompts(prompts, modes=MODES, variants=("prompt",), horizon: float = 
                    progress=None) -> dict[tuple[str, str], list]:
     """Pure core: walk prompts (already in processing order) and return, per
     (variant, mode), the list of (request_id, stream, ts, n_tokens, gaps, depths)."""
+    with _collector_paused():
+        return _replay_prompts(prompts, modes, variants, horizon, progress)
+
+
+@contextmanager
+def _collector_paused():
+    """The tries are millions of small objects without reference cycles (a node
+    points only at its children), freed by reference counting as they are pruned;
+    Python's cycle collector would still traverse them all again and again as
+    they grow: a week's replay took 70 s with it running, 58 s without. (The
+    walks' rows, tuples of lists, likewise.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _replay_prompts(prompts, modes, variants, horizon: float, progress) -> dict:
     tries: dict[tuple[str, str], dict[str, Trie]] = {(v, m): {} for v in variants for m in modes}
     out: dict[tuple[str, str], list] = {vm: [] for vm in tries}
     last_sweep = -math.inf
@@ -276,6 +299,11 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.i
 
 def store_walks(con, result: dict) -> None:
     """Replace the `walks` rows of each (variant, mode) in ``result``."""
+    with _collector_paused():  # a week's rows are millions of tuples and lists
+        _store_walks(con, result)
+
+
+def _store_walks(con, result: dict) -> None:
     for (v, m), rows in result.items():
         con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
         if not rows:

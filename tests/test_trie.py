@@ -126,3 +126,26 @@ def test_a_shared_prefix_is_trusted_only_in_its_stream_and_within_the_horizon():
     out = replay_prompts(moved, modes=("key", "session"))
     assert out[("prompt", "key")][2][5] == [2]
     assert out[("prompt", "session")][2][5] == [6]  # same stream: the whole shared part hits
+
+
+def test_the_cycle_collector_is_paused_while_walking_and_left_as_it_was():
+    """replay_prompts pauses Python's cycle collector (the tries hold no cycles, and a
+    week's replay spent a sixth of its time in it), and gives back the caller's setting."""
+    import gc
+
+    seen = []
+
+    def prompts():
+        for p in _prompts(random_requests(3, n=20)):
+            seen.append(gc.isenabled())
+            yield p
+
+    assert gc.isenabled()
+    replay_prompts(prompts(), ("tenant",))
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        replay_prompts(prompts(), ("tenant",))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
