@@ -137,8 +137,13 @@ def _byte_ranks(vocab: dict[str, int]) -> dict[bytes, int]:
             except UnicodeEncodeError:
                 continue
         return ranks
-    ends = list(itertools.accumulate(map(len, byte_level)))
-    return dict(zip(map(data.__getitem__, map(slice, [0, *ends[:-1]], ends)), map(vocab.__getitem__, byte_level)))
+    return dict(zip(_cut(data, 0, list(itertools.accumulate(map(len, byte_level)))),
+                    map(vocab.__getitem__, byte_level)))
+
+
+def _cut(data: bytes, start: int, ends: list[int]):
+    """The consecutive pieces ``data[start:ends[0]]``, ``data[ends[0]:ends[1]]``, …."""
+    return map(data.__getitem__, map(slice, [start, *ends[:-1]], ends))
 
 
 def _ranks_from_json(tokenizer_json: str | bytes) -> dict[bytes, int] | None:
@@ -206,7 +211,7 @@ def _unpack_ranks(buf: bytes) -> dict[bytes, int] | None:
     ends = (np.cumsum(lens, dtype=np.int64) + start).tolist()
     if (ends[-1] if n else start) != len(buf):
         return None
-    return dict(zip(map(buf.__getitem__, map(slice, [start, *ends[:-1]], ends)), ids.tolist()))
+    return dict(zip(_cut(buf, start, ends), ids.tolist()))
 
 
 def cached_ranks(tokenizer_json: str | bytes) -> dict[bytes, int] | None:
@@ -246,14 +251,14 @@ def build(reference, tokenizer_json: str | bytes):
     ``tokenizer_json``: its tokenizer.json text (for the vocabulary and merges)."""
     import tiktoken
 
-    ranks = cached_ranks(tokenizer_json)
-    if ranks is None:
-        return None
-    added = list(reference.get_added_tokens_decoder().items())
+    added = list(reference.get_added_tokens_decoder().items())  # the cheap refusals first
     if any(t.lstrip or t.rstrip or t.single_word for _, t in added):
         return None
     contents = sorted(t.content for _, t in added)
     if any(b.startswith(a) for a, b in zip(contents, contents[1:])):  # sorted: a prefix sorts just before
+        return None
+    ranks = cached_ranks(tokenizer_json)
+    if ranks is None:
         return None
     try:
         enc = tiktoken.Encoding("replay-deepseek", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens={})
