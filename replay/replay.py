@@ -178,25 +178,29 @@ def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
 
     Only the keys are sorted; rows are fetched chunk by chunk in that order, so
     memory stays bounded by the chunk — one ORDER BY over a week's token-id lists
-    does not fit a capped DuckDB. A chunk's ids are handed to DuckDB as an Arrow
-    table it semi-joins with, inside the chunk's id range (zone maps skip the
-    rest): at a week's 109 chunks, each spanning ~10× as many ids as it holds
-    (a day's files interleave in time), 0.015 s a chunk, against 0.2 s for the
-    same ids written out as ``IN (…)`` and 0.1 s for the whole range.
+    does not fit a capped DuckDB. A chunk's ids, with their places, are handed
+    to DuckDB as an Arrow table it joins with inside the chunk's id range (zone
+    maps skip the rest) and orders by: at a week's 109 chunks, each spanning ~10×
+    as many ids as it holds (a day's files interleave in time), 0.015 s a chunk,
+    against 0.2 s for the same ids written out as ``IN (…)`` and 0.1 s for the
+    whole range.
     """
     order = con.execute("SELECT request_id FROM requests ORDER BY ts, request_id").fetchnumpy()["request_id"]
     name = f"__replay_chunk_ids_{next(_CHUNK_VIEWS)}"  # generators of one connection may interleave
     for start in range(0, len(order), chunk):
         ids = order[start:start + chunk]
-        con.register(name, pa.table({"request_id": pa.array(ids, pa.int64())}))
+        con.register(name, pa.table({"request_id": pa.array(ids, pa.int64()),
+                                     "__pos": pa.array(np.arange(len(ids), dtype=np.int64))}))
         try:
+            # DuckDB puts the rows in order (Arrow's take on the fetched table's
+            # list columns cost ~0.07 s a chunk)
             tbl = db.arrow(con, f"SELECT {columns} FROM requests r LEFT JOIN prompts p USING (request_id) "
+                                f"JOIN {name} q ON q.request_id = r.request_id "
                                 f"WHERE r.request_id BETWEEN {int(ids.min())} AND {int(ids.max())} "
-                                f"AND r.request_id IN (SELECT request_id FROM {name})")
+                                f"ORDER BY q.__pos")
         finally:
             con.unregister(name)
-        pos = {rid: k for k, rid in enumerate(tbl.column("request_id").to_pylist())}
-        yield tbl.take([pos[i] for i in ids.tolist()])
+        yield tbl
 
 
 _CHUNK_VIEWS = itertools.count()
