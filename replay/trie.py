@@ -30,10 +30,11 @@ each block in ``cum`` (cumulative token counts), so depths are always tokens.
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
-__all__ = ["Trie", "hit_length", "common_prefix_len"]
+__all__ = ["Trie", "PythonTrie", "COMPILED", "hit_length", "common_prefix_len"]
 
 
 class _Node:
@@ -55,7 +56,7 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
     return k if not diff[i] else i
 
 
-class Trie:
+class PythonTrie:
     """A per-stream radix trie whose nodes carry last-used timestamps.
 
     ``horizon``: when finite, nodes idle for longer than ``horizon`` seconds are
@@ -188,3 +189,16 @@ def hit_length(steps_gaps, steps_depths, ttl: float) -> int:
         else:
             break
     return best
+
+
+# The same class compiled (replay/_trie.pyx, built by `pip install` with Cython):
+# the walks are identical, node for node (the tests run both against the oracle).
+# REPLAY_PURE_TRIE=1 keeps this module's Python one.
+Trie = PythonTrie
+COMPILED = False
+if os.environ.get("REPLAY_PURE_TRIE", "") != "1":
+    try:
+        from ._trie import Trie  # noqa: F811
+        COMPILED = True
+    except ImportError:  # not built here (no compiler at install): the Python trie
+        pass

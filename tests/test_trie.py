@@ -1,15 +1,82 @@
-"""The trie walk against the brute-force definition (semantics.md)."""
+"""The trie walk against the brute-force definition (semantics.md).
+
+Every test here runs twice: with the compiled trie (replay/_trie.pyx) and with
+the Python one (replay.trie.PythonTrie)."""
 
 import math
+import shutil
+import sys
 
 import numpy as np
 import pytest
 
 from replay import oracle
+from replay import replay as replay_module
+from replay import trie as trie_module
 from replay.replay import MODES, Prompt, mooncake_symbols, replay_prompts
-from replay.trie import Trie, hit_length
+from replay.trie import hit_length
 
 from gen import random_requests
+
+Trie = trie_module.Trie  # set to each implementation in turn by the fixture below
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def trie_class(request, monkeypatch):
+    if request.param == "compiled":
+        if not trie_module.COMPILED:
+            pytest.skip("the compiled trie is not built here")
+        cls = trie_module.Trie
+    else:
+        cls = trie_module.PythonTrie
+    monkeypatch.setattr(replay_module, "Trie", cls)
+    monkeypatch.setattr(sys.modules[__name__], "Trie", cls)
+    return cls
+
+
+def test_the_compiled_trie_is_built_where_a_compiler_is(trie_class):
+    """`pip install` builds it whenever it can (the extension is optional, so a
+    failed build would otherwise go unnoticed, only slower)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here")
+    import os
+
+    if os.environ.get("REPLAY_PURE_TRIE") == "1":
+        pytest.skip("REPLAY_PURE_TRIE=1")
+    assert trie_module.COMPILED
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_compiled_and_the_python_trie_walk_alike(seed):
+    """Node for node: steps, node counts, through splits, merges, long edges
+    (compared in chunks), int32 and int64 symbols in one trie, insertions of
+    prompt + output, shared prefixes and pruning."""
+    if not trie_module.COMPILED:
+        pytest.skip("the compiled trie is not built here")
+    rng = np.random.default_rng(seed)
+    horizon = [math.inf, 50.0][seed % 2]
+    a, b = trie_module.Trie(horizon), trie_module.PythonTrie(horizon)
+    bases = [rng.integers(0, 6, rng.integers(0, 300)) for _ in range(5)]
+    prev = None
+    t = 0.0
+    for i in range(120):
+        t += float(rng.choice([0, 0, 1, 5, 30]))
+        base = bases[rng.integers(0, len(bases))]
+        cut = int(rng.integers(0, len(base) + 1))
+        seq = np.concatenate([base[:cut], rng.integers(0, 6, rng.integers(0, 80))])
+        seq = seq.astype(np.int32 if rng.random() < 0.5 else np.int64)
+        known = 0
+        if prev is not None and rng.random() < 0.3:  # the previous prompt continued
+            seq = np.concatenate([prev, seq]).astype(seq.dtype)
+            known = len(prev)
+        insert = np.concatenate([seq, rng.integers(0, 6, 20)]) if rng.random() < 0.3 else None
+        assert a.walk(seq, t, insert=insert, known=known) == b.walk(seq, t, insert=insert, known=known), i
+        assert a.nodes == b.nodes
+        prev = seq
+        if rng.random() < 0.05:
+            a.prune(t)
+            b.prune(t)
+            assert a.nodes == b.nodes
 
 TTLS = (0, 1, 2, 5, 10, 30, math.inf)
 

@@ -1,0 +1,284 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
+"""The trie of :mod:`replay.trie`, compiled: the same walk, node for node.
+
+``replay.trie.Trie`` is this class when the extension is built (``pip install``
+builds it with Cython; ``REPLAY_PURE_TRIE=1`` picks the Python one), and the
+tests run both against the brute-force oracle. What differs is only how the
+work is done: a node holds a pointer into the array its edge is a view of
+(and a reference to that array), and edges are compared element by element in
+C instead of by a numpy comparison per edge, which cost more in call overhead
+than in comparing. Symbols may be int32 (token ids) or int64 (block traces),
+even within one trie.
+"""
+
+import math
+
+import numpy as np
+
+from libc.stdint cimport int32_t, int64_t
+from libc.stdlib cimport free, realloc
+from libc.string cimport memcmp
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+
+
+cdef inline int64_t _at(const char* p, bint wide, Py_ssize_t i) noexcept nogil:
+    return (<const int64_t*> p)[i] if wide else (<const int32_t*> p)[i]
+
+
+cdef Py_ssize_t _common(const char* a, bint wa, const char* b, bint wb, Py_ssize_t k) noexcept nogil:
+    """Length of the common prefix of a[:k] and b[:k]."""
+    cdef Py_ssize_t i = 0, step, size
+    if wa == wb:  # whole chunks by memcmp first (long edges mostly match)
+        size = 8 if wa else 4
+        step = 64
+        while i + step <= k and memcmp(a + i * size, b + i * size, step * size) == 0:
+            i += step
+    while i < k and _at(a, wa, i) == _at(b, wb, i):
+        i += 1
+    return i
+
+
+cdef const char* _data(object arr) except NULL:
+    """The address of a C-contiguous array's first element (a buffer released at
+    once: the array's memory stays where it is for as long as it lives, and every
+    node holding the address holds the array)."""
+    cdef Py_buffer view
+    cdef const char* p
+    PyObject_GetBuffer(arr, &view, PyBUF_SIMPLE)
+    p = <const char*> view.buf
+    PyBuffer_Release(&view)
+    if p == NULL:  # an empty array may give none: any valid address, never read
+        p = <const char*> &_EMPTY_SYMBOL
+    return p
+
+
+cdef int64_t _EMPTY_SYMBOL = 0
+
+
+cdef class Node:
+    """A node: its edge (``length`` symbols of ``base`` from ``start``), children
+    by first symbol, last-used time."""
+    cdef public object base      # the array the edge's symbols live in (kept alive)
+    cdef const char* data        # base's first element
+    cdef bint wide               # int64 symbols (else int32)
+    cdef Py_ssize_t start
+    cdef Py_ssize_t length
+    cdef public dict children
+    cdef public double last_used
+
+    def __cinit__(self):
+        self.children = {}
+
+    cdef inline void _set(self, object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length):
+        self.base = base
+        self.data = data
+        self.wide = wide
+        self.start = start
+        self.length = length
+
+    cdef inline const char* ptr(self, Py_ssize_t offset):
+        return self.data + (self.start + offset) * (8 if self.wide else 4)
+
+    @property
+    def edge(self):
+        return self.base[self.start:self.start + self.length]
+
+
+cdef inline Node _node(object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length,
+                       double last_used):
+    cdef Node x = Node.__new__(Node)
+    x._set(base, data, wide, start, length)
+    x.last_used = last_used
+    return x
+
+
+def _as_symbols(seq):
+    """``seq`` as a C-contiguous int32 or int64 array (no copy when it is one)."""
+    arr = np.asarray(seq)
+    if arr.dtype != np.int64 and arr.dtype != np.int32:
+        arr = arr.astype(np.int64)
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    return arr
+
+
+cdef class Trie:
+    """:class:`replay.trie.Trie`, compiled (same API and answers)."""
+    cdef public Node root
+    cdef public double horizon
+    cdef double _last_prune
+    cdef public Py_ssize_t nodes
+    # the path of a descent: nodes, and each one's start and end depth
+    cdef list _path
+    cdef Py_ssize_t* _starts
+    cdef Py_ssize_t* _ends
+    cdef Py_ssize_t _cap
+
+    def __cinit__(self):
+        self._starts = NULL
+        self._ends = NULL
+        self._cap = 0
+
+    def __init__(self, double horizon=math.inf):
+        empty = np.empty(0, dtype=np.int64)
+        self.root = _node(empty, _data(empty), True, 0, 0, -math.inf)
+        self.horizon = horizon
+        self._last_prune = -math.inf
+        self.nodes = 1
+        self._path = []
+
+    def __dealloc__(self):
+        free(self._starts)
+        free(self._ends)
+
+    cdef int _reserve(self, Py_ssize_t n) except -1:
+        cdef Py_ssize_t cap
+        cdef Py_ssize_t* s
+        cdef Py_ssize_t* e
+        if n <= self._cap:
+            return 0
+        cap = max(n, 2 * self._cap, 16)
+        s = <Py_ssize_t*> realloc(self._starts, cap * sizeof(Py_ssize_t))
+        if s == NULL:
+            raise MemoryError()
+        self._starts = s
+        e = <Py_ssize_t*> realloc(self._ends, cap * sizeof(Py_ssize_t))
+        if e == NULL:
+            raise MemoryError()
+        self._ends = e
+        self._cap = cap
+        return 0
+
+    cdef int _push(self, Node node, Py_ssize_t start, Py_ssize_t end) except -1:
+        cdef Py_ssize_t k = len(self._path)
+        self._reserve(k + 1)
+        self._path.append(node)
+        self._starts[k] = start
+        self._ends[k] = end
+        return 0
+
+    def walk(self, seq, double t, insert=None, cum=None, Py_ssize_t known=0):
+        """See :meth:`replay.trie.Trie.walk`."""
+        if self.horizon != math.inf and t - self._last_prune > self.horizon / 2:
+            self.prune(t)
+        seq = _as_symbols(seq)
+        steps = self._descend(seq, t, True, known)
+        if insert is not None and len(insert) > len(seq):
+            self._descend(_as_symbols(insert), t, False, len(seq))
+        if cum is not None:
+            steps = [(g, int(cum[d])) for g, d in steps]
+        return steps
+
+    cdef list _descend(self, object seq, double t, bint record, Py_ssize_t known):
+        cdef list steps = []
+        cdef Node node = self.root, child, mid, leaf
+        cdef Py_ssize_t pos = 0, n = len(seq), matched, le, k, skip
+        cdef bint wide = seq.dtype.itemsize == 8
+        cdef const char* s = _data(seq)
+        cdef Py_ssize_t size = 8 if wide else 4
+        cdef double gap, last_gap = 0.0
+        cdef bint have_step = False
+        cdef object first
+        cdef dict children
+        cdef PyObject* found
+        self._path = []
+        while pos < n:
+            first = _at(s, wide, pos)
+            children = node.children
+            found = PyDict_GetItem(children, first)
+            if found == NULL:
+                break
+            child = <Node> found
+            le = child.length
+            k = min(le, n - pos)
+            if pos + le <= known:
+                matched = le
+            else:
+                # the edge's part up to ``known`` matches: compare only the rest
+                skip = known - pos if pos < known else 0
+                matched = skip + _common(child.ptr(skip), child.wide, s + (pos + skip) * size, wide, k - skip)
+            if record:
+                gap = t - child.last_used
+                if gap > self.horizon:
+                    # idle past the horizon: as good as pruned (exact for τ <= horizon)
+                    break
+                if have_step and last_gap == gap:
+                    steps[len(steps) - 1] = (gap, pos + matched)
+                else:
+                    steps.append((gap, pos + matched))
+                    last_gap, have_step = gap, True
+            if matched < le:
+                # the match ends inside the edge: split it
+                mid = _node(child.base, child.data, child.wide, child.start, matched, child.last_used)
+                child._set(child.base, child.data, child.wide, child.start + matched, le - matched)
+                mid.children[_at(child.ptr(0), child.wide, 0)] = child
+                children[first] = mid
+                self.nodes += 1
+                self._push(mid, pos, pos + matched)
+                pos += matched
+                node = mid
+                break
+            self._push(child, pos, pos + le)
+            node = child
+            pos += le
+        if pos < n:
+            first = _at(s, wide, pos)
+            found = PyDict_GetItem(node.children, first)
+            if found != NULL:  # idle past the horizon, not yet pruned
+                self.nodes -= _count(<Node> found)
+            leaf = _node(seq, s, wide, pos, n - pos, t)
+            node.children[first] = leaf
+            self.nodes += 1
+            self._push(leaf, pos, n)
+        self._refresh_and_merge(seq, s, wide, t)
+        return steps
+
+    cdef int _refresh_and_merge(self, object seq, const char* data, bint wide, double t) except -1:
+        """Set last-used = t along the path, merging single-child chains."""
+        cdef list path = self._path
+        cdef Py_ssize_t i = 0, j, m = len(path), start, end
+        cdef Node head, nxt
+        while i < m:
+            head = <Node> path[i]
+            start = self._starts[i]
+            end = self._ends[i]
+            head.last_used = t
+            j = i
+            # absorb following path nodes while head has exactly that one child
+            while j + 1 < m and len(head.children) == 1:
+                nxt = <Node> path[j + 1]
+                head.children = nxt.children
+                end = self._ends[j + 1]
+                self.nodes -= 1
+                j += 1
+            if j > i:
+                head._set(seq, data, wide, start, end - start)
+            i = j + 1
+        self._path = []
+        return 0
+
+    def prune(self, double now):
+        """Drop subtrees idle for longer than the horizon (last-used shrinks with depth)."""
+        cdef double cutoff = now - self.horizon
+        cdef Node node, c
+        self._last_prune = now
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            dead = [k for k, c in node.children.items() if (<Node> c).last_used < cutoff]
+            for k in dead:
+                self.nodes -= _count(node.children.pop(k))
+            stack.extend(node.children.values())
+
+
+cdef Py_ssize_t _count(Node node):
+    cdef Py_ssize_t n = 0
+    cdef Node x
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        n += 1
+        stack.extend(x.children.values())
+    return n
