@@ -66,16 +66,19 @@ def _values(name: str, col: str, typ: str, values) -> str:
     return f"{name}({col}) AS (SELECT CAST({col} AS {typ}) FROM (VALUES {rows}) v({col}))"
 
 
-def ceiling_arrays(con, grid: Grid, variant: str = "prompt") -> dict[str, dict]:
-    """Per stream mode: the walks as arrays and ``L[ttl]`` per request.
+def ceiling_arrays(con, grid: Grid, variant: str = "prompt", with_streams: bool = True) -> dict[str, dict]:
+    """Per stream mode: the walks as arrays and ``L[ttl]`` per request
+    (``stream``, the stream keys, only ``with_streams``).
 
     Steps are stored gap-ascending with depth ascending, so ``L_τ`` of a request
     is the depth of its last step with gap ≤ τ: count the qualifying steps per
-    request and index — no per-request Python, no join.
+    request and index — no per-request Python, no join. Raises when the walks
+    lack a mode of the grid.
     """
     modes = ", ".join(repr(m) for m in grid.streams)
-    tbl = db.arrow(con, f"""SELECT mode, stream, prompt_tokens, gaps, depths FROM walks
-                            WHERE variant = {variant!r} AND mode IN ({modes})""")
+    tbl = db.arrow(con, f"""SELECT mode, {'stream, ' if with_streams else ''}prompt_tokens, gaps, depths
+                            FROM walks WHERE variant = {variant!r} AND mode IN ({modes})""")
+    _check_walks(con, grid, set(pa.compute.unique(tbl.column("mode")).to_pylist()))
     out = {}
     for mode in grid.streams:
         t = tbl.filter(pa.compute.equal(tbl.column("mode"), mode))
@@ -92,8 +95,9 @@ def ceiling_arrays(con, grid: Grid, variant: str = "prompt") -> dict[str, dict]:
             cnt = np.bincount(row[g <= ttl], minlength=n)
             last = np.clip(starts + cnt - 1, 0, max(len(d) - 1, 0))
             L[ttl] = np.where(cnt > 0, d[last] if len(d) else 0, 0)
-        out[mode] = {"stream": t.column("stream").to_numpy(zero_copy_only=False),
-                     "prompt_tokens": t.column("prompt_tokens").to_numpy().astype(np.int64), "L": L}
+        out[mode] = {"prompt_tokens": t.column("prompt_tokens").to_numpy().astype(np.int64), "L": L}
+        if with_streams:
+            out[mode]["stream"] = t.column("stream").to_numpy(zero_copy_only=False)
     return out
 
 
@@ -114,10 +118,13 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     configurations cost milliseconds.
     """
     grid = grid or Grid()
-    _check_walks(con, grid)
-    rows = []
-    for mode, w in ceiling_arrays(con, grid).items():
+    rows = []  # by_stream: one dict a row
+    data: dict[str, list] = {c: [] for c in ("stream", "ttl_s", "block", "min_prefix", "requests",
+                                              "prompt_tokens", "hit_tokens", "requests_hit")}  # else: columns
+    nb = len(grid.blocks)
+    for mode, w in ceiling_arrays(con, grid, with_streams=by_stream).items():
         n, pt = len(w["prompt_tokens"]), w["prompt_tokens"]
+        pt_sum = int(pt.sum())
         if by_stream:
             keys, code = np.unique(w["stream"].astype(str), return_inverse=True)
             req = np.bincount(code, minlength=len(keys))
@@ -125,18 +132,20 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
         blocks = np.asarray(grid.blocks, dtype=np.int64)[:, None]
         for ttl in grid.ttls:
             floored = (w["L"][ttl][None, :] // blocks) * blocks  # every block size at once
+            ttl_s = None if ttl == math.inf else float(ttl)
             for m in grid.min_prefixes:
                 hm = np.where(floored < m, 0, floored) if m > 0 else floored
-                if not by_stream:  # (sums for all block sizes in one pass)
-                    hit_sums, hit_counts = hm.sum(axis=1), (hm > 0).sum(axis=1)
+                if not by_stream:  # all block sizes in one pass, a column at a time
+                    for col, values in (("stream", [mode] * nb), ("ttl_s", [ttl_s] * nb),
+                                        ("block", list(grid.blocks)), ("min_prefix", [int(m)] * nb),
+                                        ("requests", [n] * nb), ("prompt_tokens", [pt_sum] * nb),
+                                        ("hit_tokens", hm.sum(axis=1).tolist()),
+                                        ("requests_hit", (hm > 0).sum(axis=1).tolist())):
+                        data[col].extend(values)
+                    continue
                 for bi, b in enumerate(grid.blocks):
                     h = hm[bi]
-                    base = {"stream": mode, "ttl_s": None if ttl == math.inf else float(ttl),
-                            "block": int(b), "min_prefix": int(m)}
-                    if not by_stream:
-                        rows.append({**base, "requests": n, "prompt_tokens": int(pt.sum()),
-                                     "hit_tokens": int(hit_sums[bi]), "requests_hit": int(hit_counts[bi])})
-                        continue
+                    base = {"stream": mode, "ttl_s": ttl_s, "block": int(b), "min_prefix": int(m)}
                     hit = np.bincount(code, weights=h, minlength=len(keys)).astype(np.int64)
                     nhit = np.bincount(code, weights=(h > 0), minlength=len(keys)).astype(np.int64)
                     for k in range(len(keys)):
@@ -149,7 +158,9 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     schema = {"stream": pl.String, "stream_key": pl.String, "ttl_s": pl.Float64, "block": pl.Int64,
               "min_prefix": pl.Int64, "requests": pl.Int64, "prompt_tokens": pl.Int64,
               "hit_tokens": pl.Int64, "requests_hit": pl.Int64}
-    df = pl.DataFrame(rows, schema={k: v for k, v in schema.items() if k in cols}, orient="row")
+    schema = {k: v for k, v in schema.items() if k in cols}
+    df = (pl.DataFrame(rows, schema=schema, orient="row") if by_stream
+          else pl.DataFrame(data, schema=schema))
     df = df.with_columns(
         pl.when(pl.col("prompt_tokens") > 0)
         .then(pl.col("hit_tokens") / pl.col("prompt_tokens"))
@@ -161,8 +172,8 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     return df
 
 
-def _check_walks(con, grid: Grid) -> None:
-    have = {m for (m,) in con.execute("SELECT DISTINCT mode FROM walks WHERE variant='prompt'").fetchall()}
+def _check_walks(con, grid: Grid, have: set[str]) -> None:
+    """``have``: the modes the walks hold (of the grid's)."""
     missing = [m for m in grid.streams if m not in have]
     if missing:
         raise RuntimeError(f"no walks for stream mode(s) {missing}: run the replay stage for them first")

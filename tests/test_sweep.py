@@ -57,6 +57,16 @@ def test_sweep_refuses_ttls_beyond_the_replay_horizon():
         sweep(con, Grid(ttls=(5, math.inf), streams=("global",)))
 
 
+def test_sweep_refuses_stream_modes_the_replay_did_not_walk():
+    con = db.connect(None)
+    reqs = random_requests(2, n=10)
+    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), ("tenant", "global")).items()
+                      if k != "_nodes"})
+    assert len(sweep(con, Grid(streams=("global", "tenant")))) == Grid(streams=("global", "tenant")).size
+    with pytest.raises(RuntimeError, match=r"no walks for stream mode\(s\) \['session'\]"):
+        sweep(con, Grid(streams=("global", "session")))
+
+
 @pytest.mark.parametrize("text,seconds", [("5m", 300), ("1h", 3600), ("90", 90), ("30s", 30),
                                           ("1.5h", 5400), ("2d", 172800), ("inf", math.inf)])
 def test_parse_ttl(text, seconds):
