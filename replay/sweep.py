@@ -75,10 +75,10 @@ def ceiling_arrays(con, grid: Grid, variant: str = "prompt", with_streams: bool 
     request and index — no per-request Python, no join. Raises when the walks
     lack a mode of the grid.
     """
+    _check_walks(con, grid)  # (first: its execute() also ends a result the caller left unfinished)
     modes = ", ".join(repr(m) for m in grid.streams)
     tbl = db.arrow(con, f"""SELECT mode, {'stream, ' if with_streams else ''}prompt_tokens, gaps, depths
                             FROM walks WHERE variant = {variant!r} AND mode IN ({modes})""")
-    _check_walks(con, grid, set(pa.compute.unique(tbl.column("mode")).to_pylist()))
     out = {}
     for mode in grid.streams:
         t = tbl.filter(pa.compute.equal(tbl.column("mode"), mode))
@@ -172,8 +172,8 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     return df
 
 
-def _check_walks(con, grid: Grid, have: set[str]) -> None:
-    """``have``: the modes the walks hold (of the grid's)."""
+def _check_walks(con, grid: Grid) -> None:
+    have = {m for (m,) in con.execute("SELECT DISTINCT mode FROM walks WHERE variant='prompt'").fetchall()}
     missing = [m for m in grid.streams if m not in have]
     if missing:
         raise RuntimeError(f"no walks for stream mode(s) {missing}: run the replay stage for them first")
