@@ -9,6 +9,9 @@ work is done: a node holds a pointer into the array its edge is a view of
 C instead of by a numpy comparison per edge, which cost more in call overhead
 than in comparing. Symbols may be int32 (token ids) or int64 (block traces),
 even within one trie.
+
+Also here, for the same reason: the replay's prompt assembly
+(:func:`extend`, behind ``replay.replay.SegmentStore.extend``).
 """
 
 import math
@@ -17,7 +20,7 @@ import numpy as np
 
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport free, realloc
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
@@ -282,3 +285,54 @@ cdef Py_ssize_t _count(Node node):
         n += 1
         stack.extend(x.children.values())
     return n
+
+
+# ---------------------------------------------------------------- prompt assembly
+
+cdef Py_ssize_t _n_tokens(dict tokens, object seg) except -1:
+    cdef PyObject* arr = PyDict_GetItem(tokens, seg)
+    if arr == NULL:
+        raise KeyError(seg)
+    return len(<object> arr)
+
+
+def extend(dict tokens, list seg_ids, prev):
+    """:meth:`replay.replay.SegmentStore.extend`, compiled (the same answers): the
+    tokens of ``seg_ids`` (int32 arrays in ``tokens``), the part shared with
+    ``prev`` (an earlier prompt's segment ids and tokens) copied in one piece,
+    and how many leading tokens are prev's. The result is one allocation filled
+    by memcpy, not a numpy concatenation of a list of arrays."""
+    cdef Py_ssize_t m = len(seg_ids), n = 0, k, i, cut = 0, total, pos
+    cdef list psegs
+    cdef object ptoks = None
+    cdef object out, seg
+    cdef char* dst
+    if prev is not None:
+        psegs, ptoks = prev
+        k = len(psegs) - 1
+        if 0 < k < m and seg_ids[:k] == psegs[:k]:  # an agent's next turn: all of prev but its last
+            n = k
+            cut = len(ptoks) - _n_tokens(tokens, psegs[k])
+        else:  # an earlier message changed: the segments shared from the start
+            k = min(m, len(psegs))
+            while n < k and seg_ids[n] == psegs[n]:
+                n += 1
+            for i in range(n):
+                cut += _n_tokens(tokens, psegs[i])
+    total = cut
+    for i in range(n, m):
+        total += _n_tokens(tokens, seg_ids[i])
+    out = np.empty(total, dtype=np.int32)
+    if total == 0:
+        return out, cut
+    dst = <char*> _data(out)
+    if cut:
+        memcpy(dst, _data(ptoks), cut * 4)
+    pos = cut
+    for i in range(n, m):
+        seg = <object> PyDict_GetItem(tokens, seg_ids[i])
+        k = len(seg)
+        if k:
+            memcpy(dst + pos * 4, _data(seg), k * 4)
+            pos += k
+    return out, cut

@@ -23,7 +23,12 @@ import numpy as np
 import pyarrow as pa
 
 from . import db
-from .trie import Trie
+from .trie import COMPILED, Trie
+
+if COMPILED:  # the same prompt assembly, compiled beside the trie
+    from ._trie import extend as _compiled_extend
+else:
+    _compiled_extend = None
 
 MODES = ("tenant", "key", "session", "global")
 VARIANTS = ("prompt", "prompt+output")
@@ -94,6 +99,14 @@ class SegmentStore:
         return np.concatenate(itemgetter(*seg_ids)(self._tokens))
 
     def extend(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> tuple[np.ndarray, int]:
+        """:meth:`extend_py`, compiled when the trie is: one allocation filled by
+        memcpy (a day's 3,227 prompts: 0.21-0.22 s -> 0.13-0.15 s, most of what is
+        left the first touch of 130 MB of new arrays)."""
+        if _compiled_extend is not None:
+            return _compiled_extend(self._tokens, seg_ids, prev)
+        return self.extend_py(seg_ids, prev)
+
+    def extend_py(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> tuple[np.ndarray, int]:
         """``concat(seg_ids)``, copying the part shared with ``prev`` (an earlier
         prompt's segment ids and tokens) in one piece when ``seg_ids`` repeats all
         of prev's segments but its last (an agent's next turn: the same

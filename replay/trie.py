@@ -15,7 +15,9 @@ symbol, edges holding runs of symbols as numpy views, a node split where a
 match ends inside an edge. Two things keep the work proportional to branch
 points rather than prompt length:
 
-* edges are compared vectorised (one numpy comparison per edge), and
+* edges are compared vectorised (one numpy comparison per edge; in C in the
+  compiled trie, ``replay/_trie.pyx``, the class ``Trie`` names when it is
+  built), and
 * after a walk every node on the path has last-used == t, so a path node with
   a single child is merged with that child. The merged edge is a view into the
   current request's own array (which holds the whole path), so nothing is copied.

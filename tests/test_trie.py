@@ -216,3 +216,37 @@ def test_the_cycle_collector_is_paused_while_walking_and_left_as_it_was():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_compiled_prompt_assembly_equals_the_python_one(seed):
+    """SegmentStore.extend (compiled) against extend_py: an agent's next turn, an
+    earlier message changed, the same prompt again, nothing shared, no previous
+    prompt, empty segments and empty prompts."""
+    if replay_module._compiled_extend is None:
+        pytest.skip("the compiled trie is not built here")
+    rng = np.random.default_rng(seed)
+    store = object.__new__(replay_module.SegmentStore)
+    store._tokens = {int(s): rng.integers(0, 1000, rng.integers(0, 40)).astype(np.int32)
+                     for s in rng.choice(2**62, 60, replace=False)}
+    sids = list(store._tokens)
+    prev = None
+    for _ in range(200):
+        how = rng.integers(0, 6)
+        if prev is None or how == 0:
+            ids = [sids[i] for i in rng.integers(0, len(sids), rng.integers(0, 30))]
+        elif how == 1:  # the next turn: all but the last, then new segments
+            ids = prev[0][:-1] + [sids[i] for i in rng.integers(0, len(sids), rng.integers(0, 5))]
+        elif how == 2 and prev[0]:  # an earlier segment changed
+            ids = list(prev[0])
+            ids[rng.integers(0, len(ids))] = sids[rng.integers(0, len(sids))]
+        elif how == 3:
+            ids = list(prev[0])
+        else:
+            ids = prev[0] + [sids[i] for i in rng.integers(0, len(sids), rng.integers(0, 5))]
+        before = None if rng.random() < 0.1 else prev
+        got, shared = store.extend(ids, before)
+        want, want_shared = store.extend_py(ids, before)
+        assert got.dtype == want.dtype == np.int32
+        assert got.tolist() == want.tolist() and shared == want_shared
+        prev = (ids, got)
