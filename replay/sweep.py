@@ -75,29 +75,38 @@ def ceiling_arrays(con, grid: Grid, variant: str = "prompt", with_streams: bool 
     request and index — no per-request Python, no join. Raises when the walks
     lack a mode of the grid.
     """
-    _check_walks(con, grid)  # (first: its execute() also ends a result the caller left unfinished)
+    _check_horizon(con, grid)  # (first: its execute() also ends a result the caller left unfinished)
     modes = ", ".join(repr(m) for m in grid.streams)
-    tbl = db.arrow(con, f"""SELECT mode, {'stream, ' if with_streams else ''}prompt_tokens, gaps, depths
+    # every mode's walks at once, the mode as its place in the grid (numpy only from here:
+    # no per-mode filtering of list columns)
+    tbl = db.arrow(con, f"""SELECT list_position([{modes}], mode)::INTEGER - 1 AS mode_code,
+                                   {'stream, ' if with_streams else ''}prompt_tokens, gaps, depths
                             FROM walks WHERE variant = {variant!r} AND mode IN ({modes})""")
+    gaps = tbl.column("gaps").combine_chunks()
+    depths = tbl.column("depths").combine_chunks()
+    offsets = gaps.offsets.to_numpy().astype(np.int64)
+    starts, lengths = offsets[:-1] - offsets[0], np.diff(offsets)
+    n = len(tbl)
+    g = gaps.flatten().to_numpy(zero_copy_only=False)
+    d = depths.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
+    row = np.repeat(np.arange(n), lengths)
+    L = {}
+    for ttl in grid.ttls:  # per request, whatever its mode
+        cnt = np.bincount(row[g <= ttl], minlength=n)
+        last = np.clip(starts + cnt - 1, 0, max(len(d) - 1, 0))
+        L[ttl] = np.where(cnt > 0, d[last] if len(d) else 0, 0)
+    code = tbl.column("mode_code").to_numpy()
+    missing = [m for k, m in enumerate(grid.streams) if not (code == k).any()]
+    if missing:
+        raise RuntimeError(f"no walks for stream mode(s) {missing}: run the replay stage for them first")
+    pt = tbl.column("prompt_tokens").to_numpy().astype(np.int64)
+    streams = tbl.column("stream").to_numpy(zero_copy_only=False) if with_streams else None
     out = {}
-    for mode in grid.streams:
-        t = tbl.filter(pa.compute.equal(tbl.column("mode"), mode))
-        gaps = t.column("gaps").combine_chunks()
-        depths = t.column("depths").combine_chunks()
-        starts = gaps.offsets.to_numpy()[:-1].astype(np.int64) - int(gaps.offsets[0].as_py())
-        n = len(t)
-        g = gaps.flatten().to_numpy(zero_copy_only=False)
-        d = depths.flatten().to_numpy(zero_copy_only=False).astype(np.int64)
-        lengths = np.diff(np.append(starts, len(g)))
-        row = np.repeat(np.arange(n), lengths)
-        L = {}
-        for ttl in grid.ttls:
-            cnt = np.bincount(row[g <= ttl], minlength=n)
-            last = np.clip(starts + cnt - 1, 0, max(len(d) - 1, 0))
-            L[ttl] = np.where(cnt > 0, d[last] if len(d) else 0, 0)
-        out[mode] = {"prompt_tokens": t.column("prompt_tokens").to_numpy().astype(np.int64), "L": L}
+    for k, mode in enumerate(grid.streams):
+        rows = np.flatnonzero(code == k)
+        out[mode] = {"prompt_tokens": pt[rows], "L": {ttl: L[ttl][rows] for ttl in grid.ttls}}
         if with_streams:
-            out[mode]["stream"] = t.column("stream").to_numpy(zero_copy_only=False)
+            out[mode]["stream"] = streams[rows]
     return out
 
 
@@ -172,11 +181,7 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     return df
 
 
-def _check_walks(con, grid: Grid) -> None:
-    have = {m for (m,) in con.execute("SELECT DISTINCT mode FROM walks WHERE variant='prompt'").fetchall()}
-    missing = [m for m in grid.streams if m not in have]
-    if missing:
-        raise RuntimeError(f"no walks for stream mode(s) {missing}: run the replay stage for them first")
+def _check_horizon(con, grid: Grid) -> None:
     h = db.get_meta(con, "replay_horizon", "inf")
     horizon = math.inf if h == "inf" else float(h)
     too_long = [t for t in grid.ttls if t > horizon]
