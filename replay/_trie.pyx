@@ -84,10 +84,6 @@ cdef class Node:
     cdef inline const char* ptr(self, Py_ssize_t offset):
         return self.data + (self.start + offset) * (8 if self.wide else 4)
 
-    @property
-    def edge(self):
-        return self.base[self.start:self.start + self.length]
-
 
 cdef inline Node _node(object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length,
                        double last_used):
@@ -259,7 +255,6 @@ cdef class Trie:
             if j > i:
                 head._set(seq, data, wide, start, end - start)
             i = j + 1
-        self._path = []
         return 0
 
     def prune(self, double now):
@@ -296,6 +291,13 @@ cdef Py_ssize_t _n_tokens(dict tokens, object seg) except -1:
     return len(<object> arr)
 
 
+cdef inline const char* _int32_data(object arr) except NULL:
+    """:func:`_data` of an int32 array (anything else would be copied past its end)."""
+    if arr.dtype.itemsize != 4:
+        raise TypeError(f"expected int32 tokens, got {arr.dtype}")
+    return _data(arr)
+
+
 def extend(dict tokens, list seg_ids, prev):
     """:meth:`replay.replay.SegmentStore.extend`, compiled (the same answers): the
     tokens of ``seg_ids`` (int32 arrays in ``tokens``), the part shared with
@@ -303,10 +305,11 @@ def extend(dict tokens, list seg_ids, prev):
     and how many leading tokens are prev's. The result is one allocation filled
     by memcpy, not a numpy concatenation of a list of arrays."""
     cdef Py_ssize_t m = len(seg_ids), n = 0, k, i, cut = 0, total, pos
-    cdef list psegs
+    cdef list psegs, rest
     cdef object ptoks = None
     cdef object out, seg
     cdef char* dst
+    cdef PyObject* found
     if prev is not None:
         psegs, ptoks = prev
         k = len(psegs) - 1
@@ -319,20 +322,25 @@ def extend(dict tokens, list seg_ids, prev):
                 n += 1
             for i in range(n):
                 cut += _n_tokens(tokens, psegs[i])
+    rest = []
     total = cut
     for i in range(n, m):
-        total += _n_tokens(tokens, seg_ids[i])
+        found = PyDict_GetItem(tokens, seg_ids[i])
+        if found == NULL:
+            raise KeyError(seg_ids[i])
+        seg = <object> found
+        rest.append(seg)
+        total += len(seg)
     out = np.empty(total, dtype=np.int32)
     if total == 0:
         return out, cut
     dst = <char*> _data(out)
     if cut:
-        memcpy(dst, _data(ptoks), cut * 4)
+        memcpy(dst, _int32_data(ptoks), cut * 4)
     pos = cut
-    for i in range(n, m):
-        seg = <object> PyDict_GetItem(tokens, seg_ids[i])
+    for seg in rest:
         k = len(seg)
         if k:
-            memcpy(dst + pos * 4, _data(seg), k * 4)
+            memcpy(dst + pos * 4, _int32_data(seg), k * 4)
             pos += k
     return out, cut

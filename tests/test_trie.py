@@ -250,3 +250,15 @@ def test_the_compiled_prompt_assembly_equals_the_python_one(seed):
         assert got.dtype == want.dtype == np.int32
         assert got.tolist() == want.tolist() and shared == want_shared
         prev = (ids, got)
+
+
+def test_the_compiled_prompt_assembly_refuses_other_than_int32_tokens():
+    """It copies raw memory: an int64 segment would be read past its end."""
+    if replay_module._compiled_extend is None:
+        pytest.skip("the compiled trie is not built here")
+    tokens = {1: np.array([1, 2], dtype=np.int32), 2: np.array([3], dtype=np.int64)}
+    assert replay_module._compiled_extend(tokens, [1], None)[0].tolist() == [1, 2]
+    with pytest.raises(TypeError, match="int32"):
+        replay_module._compiled_extend(tokens, [1, 2], None)
+    with pytest.raises(TypeError, match="int32"):  # the previous prompt's tokens too
+        replay_module._compiled_extend(tokens, [1, 1], ([1, 1], np.array([1, 2, 1, 2], dtype=np.int64)))
