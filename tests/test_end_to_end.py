@@ -194,3 +194,35 @@ def test_time_ordered_chunks_give_every_request_once_in_processing_order(tmp_pat
     first = [next(a).column("request_id").to_pylist(), next(b).column("request_id").to_pylist()]
     assert first[0] == first[1] == [r[0] for r in want[:chunk]]
     assert [p.request_id for p in iter_prompts(con, chunk=chunk)] == [r[0] for r in want]
+
+
+def test_the_replay_checkpoints_the_tokenized_rows_beside_its_walks(tmp_path, monkeypatch):
+    """replay_stage starts a CHECKPOINT in a thread (what the tokenize stage wrote
+    is still in the write-ahead log). Inside a caller's transaction that has
+    written already, the stage neither waits for it nor changes its walks."""
+    from replay import db, pipeline
+    from replay.replay import replay_stage
+    from replay.synth import generate
+
+    monkeypatch.setenv("REPLAY_DUCKDB_CHECKPOINT", "1GB")  # no checkpoint of DuckDB's own in between
+    generate(tmp_path / "logs", seed=4, scale=0.3)
+    walks = []
+    for name, in_transaction in (("a.duckdb", False), ("b.duckdb", True)):
+        path = tmp_path / name
+        con = db.connect(path)
+        pipeline.ingest(con, [tmp_path / "logs"])
+        pipeline.tokenize(con)
+        wal = path.with_name(name + ".wal")
+        before = wal.stat().st_size
+        assert before > 100_000  # the tokenized rows, not checkpointed yet
+        if in_transaction:
+            con.begin()
+            db.set_meta(con, "note", "written inside the caller's transaction")
+        replay_stage(con, modes=("tenant", "global"), horizon=3600.0)
+        if in_transaction:
+            con.commit()
+        else:
+            assert (wal.stat().st_size if wal.exists() else 0) < before / 4  # only the walks are in it now
+        walks.append(con.execute("SELECT mode, request_id, stream, gaps, depths FROM walks ORDER BY ALL").fetchall())
+        con.close()
+    assert walks[0] == walks[1] and len(walks[0]) > 100
