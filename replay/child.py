@@ -19,10 +19,13 @@ from pathlib import Path
 
 
 def spawn(module: str, *args: str) -> subprocess.Popen:
+    """``python -m module args`` running this copy of the package. ``-P``: without
+    it, ``-m`` puts the working directory first on the path, and a run started
+    in another checkout of the project would talk to that checkout's helper."""
     env = dict(os.environ)
     pkg_root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-P", "-m", module, *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)
 
 

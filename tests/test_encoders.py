@@ -568,3 +568,21 @@ def test_the_child_exits_cleanly_when_its_input_closes():
     proc = tok._proc._proc
     tok.close()
     assert proc.returncode == 0
+
+
+def test_a_helper_runs_this_copy_of_the_package_whatever_the_working_directory(tmp_path, monkeypatch):
+    """``python -m`` would put the working directory first on the path: started in
+    another checkout, the parent would talk to that checkout's helper."""
+    from replay import child
+
+    fake = tmp_path / "replay"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "whoami.py").write_text("print('the other checkout')\n")
+    monkeypatch.chdir(tmp_path)
+    proc = child.spawn("replay.whoami")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and b"other checkout" not in out  # this package has no such module
+    proc = child.spawn("replay.child")  # a module this package has (it runs nothing)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
