@@ -211,7 +211,12 @@ def _unpack_ranks(buf: bytes) -> dict[bytes, int] | None:
     ends = (np.cumsum(lens, dtype=np.int64) + start).tolist()
     if (ends[-1] if n else start) != len(buf):
         return None
-    return dict(zip(_cut(buf, start, ends), ids.tolist()))
+    # a plain loop: half the time of dict(zip(map(slice…))) over the 128,000 tokens
+    ranks, a = {}, start
+    for b, i in zip(ends, ids.tolist()):
+        ranks[buf[a:b]] = i
+        a = b
+    return ranks
 
 
 def cached_ranks(tokenizer_json: str | bytes) -> dict[bytes, int] | None:
