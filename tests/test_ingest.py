@@ -748,3 +748,45 @@ def test_blob_text_equals_the_standard_serialization():
             continue
         assert _text_of(ser, obj) == want
         assert compact_dumps(obj) == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+@pytest.mark.parametrize("fail_on", ["requests", "commit"])
+def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path, monkeypatch, fail_on):
+    """Inserts and commits run on a thread of their own (ingest._Deferred): a
+    failure there, noticed a batch or a file later, still leaves the files
+    before it committed, it and the ones after not at all; the next run loads them."""
+    import duckdb
+
+    import replay.ingest as ingest_mod
+
+    paths = [write_jsonl(tmp_path / f"{n}.jsonl", [anthropic_wrapped(ts=10 * k + i) for i in range(3)])
+             for k, n in enumerate("abc")]
+    real_insert = ingest_mod._Writer._insert_now
+    calls = {"commits": 0}
+
+    def insert(self, table, tbl, schema):
+        if fail_on == "requests" and table == "requests" and min(tbl.column("ts").to_pylist()) >= 10:
+            raise duckdb.ConstraintException("planted")
+        return real_insert(self, table, tbl, schema)
+
+    monkeypatch.setattr(ingest_mod._Writer, "_insert_now", insert)
+    if fail_on == "commit":
+        class Deferred(ingest_mod._Deferred):
+            def submit(self, fn, *args):
+                if getattr(fn, "__name__", "") == "commit":
+                    calls["commits"] += 1
+                    if calls["commits"] == 2:
+                        def fn():
+                            raise duckdb.TransactionException("planted")
+                super().submit(fn, *args)
+
+        monkeypatch.setattr(ingest_mod, "_Deferred", Deferred)
+    with pytest.raises(duckdb.Error, match="planted"):
+        ingest(con, [str(p) for p in paths])
+    assert con.execute("SELECT path FROM sources").fetchall() == [(str(paths[0]),)]
+    assert con.execute("SELECT max(ts) FROM requests").fetchone()[0] < 10
+    monkeypatch.undo()
+    s = ingest(con, [str(p) for p in paths])
+    check_reconciles(con, s)
+    assert (s.skipped_files, s.loaded) == (1, 6)
+    assert con.execute("SELECT count(*), count(DISTINCT request_id) FROM requests").fetchone() == (9, 9)
