@@ -299,18 +299,20 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.i
     """Recompute `walks` for the given modes/variants from `requests` + `prompts`."""
     t0 = time.perf_counter()
     checkpoint = _background_checkpoint(con)
-    n = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm  # (~0.04 s to import: only when shown)
+    try:
+        n = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm  # (~0.04 s to import: only when shown)
 
-        bar = tqdm(total=n, desc="replay", unit="req", leave=False)
-    with_output = "prompt+output" in variants
-    result = replay_prompts(iter_prompts(con, with_output=with_output), modes, variants, horizon, bar)
-    if bar is not None:
-        bar.close()
+            bar = tqdm(total=n, desc="replay", unit="req", leave=False)
+        with_output = "prompt+output" in variants
+        result = replay_prompts(iter_prompts(con, with_output=with_output), modes, variants, horizon, bar)
+        if bar is not None:
+            bar.close()
+    finally:
+        checkpoint.join()  # (also on an error: the caller may close the connection next)
     nodes = result.pop("_nodes")
-    checkpoint.join()
     store_walks(con, result)
     db.set_meta(con, "replay_horizon", "inf" if horizon == math.inf else repr(horizon))
     db.set_meta(con, "replay_fingerprint", fingerprint(con))
