@@ -19,6 +19,7 @@ import json
 import math
 import os
 import sys
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -550,10 +551,8 @@ class _Deferred:
     :meth:`submit` or :meth:`wait`."""
 
     def __init__(self, depth: int = 2):
-        import collections
-
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-ingest-db")
-        self._pending: collections.deque = collections.deque()
+        self._pending: deque = deque()
         self._depth = depth
         self._failed = False
 
@@ -572,15 +571,16 @@ class _Deferred:
         self._pending.append(self._pool.submit(self._run, fn, args))
 
     def wait(self, raise_errors: bool = True) -> None:
-        """Until all submitted work is done (the connection is the caller's again)."""
+        """Until all submitted work is done (the connection is the caller's
+        again); then the first error, if any, is raised."""
+        error = None
         while self._pending:
-            fut = self._pending.popleft()
             try:
-                fut.result()
-            except BaseException:
-                if raise_errors:
-                    self.wait(raise_errors=False)
-                    raise
+                self._pending.popleft().result()
+            except BaseException as e:  # noqa: BLE001 - the first one is raised below
+                error = error or e
+        if error is not None and raise_errors:
+            raise error
 
     def close(self) -> None:
         self.wait(raise_errors=False)
@@ -588,12 +588,12 @@ class _Deferred:
 
 
 class _Writer:
-    """Buffers request/reject rows and inserts them into DuckDB as Arrow batches
-    (on ``deferred``'s thread when given: the caller waits for it before using
-    the connection itself)."""
+    """Buffers request/reject rows and inserts them into DuckDB as Arrow batches,
+    on ``deferred``'s thread (the caller waits for it before using the
+    connection itself)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, batch_rows: int = BATCH_ROWS,
-                 blobs: _Blobs | None = None, deferred: _Deferred | None = None):
+    def __init__(self, con: duckdb.DuckDBPyConnection, deferred: _Deferred, batch_rows: int = BATCH_ROWS,
+                 blobs: _Blobs | None = None):
         self.con = con
         self.deferred = deferred
         self.batch_rows = batch_rows
@@ -636,10 +636,7 @@ class _Writer:
     def _insert(self, table: str, cols, schema: pa.Schema) -> None:
         # (the Arrow table is built here: from Python lists, that needs the interpreter lock)
         tbl = cols if isinstance(cols, pa.Table) else pa.Table.from_pydict(cols, schema=schema)
-        if self.deferred is not None:
-            self.deferred.submit(self._insert_now, table, tbl, schema)
-        else:
-            self._insert_now(table, tbl, schema)
+        self.deferred.submit(self._insert_now, table, tbl, schema)
 
     def _insert_now(self, table: str, tbl: pa.Table, schema: pa.Schema) -> None:
         names = ", ".join(schema.names)
@@ -887,7 +884,7 @@ def ingest(
         known_blobs = con.execute("SELECT blob_id FROM blobs").fetchnumpy()["blob_id"]
         blobs = _Blobs(set(known_blobs.tolist()), warm)
     deferred = _Deferred()
-    writer = _Writer(con, blobs=blobs, deferred=deferred)
+    writer = _Writer(con, deferred, blobs=blobs)
     fbar = lbar = None
     if progress:
         from tqdm import tqdm

@@ -126,64 +126,51 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     configurations cost milliseconds.
     """
     grid = grid or Grid()
-    rows = []  # by_stream: one dict a row
-    # else columns: polars' row-wise constructor took ~0.1 s on its first use in a
-    # process, three times the rest of a day's sweep
-    data: dict[str, list] = {c: [] for c in ("stream", "ttl_s", "block", "min_prefix", "requests",
-                                              "prompt_tokens", "hit_tokens", "requests_hit")}
-    nb = len(grid.blocks)
+    cols = ["stream"] + (["stream_key"] if by_stream else []) + [
+        "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit_ratio",
+        "requests_hit"]
+    # built column by column, then one Arrow table: polars' row-wise constructor
+    # took ~0.1 s on its first use in a process and its expressions ~0.01 s, as
+    # much as the rest of a day's sweep
+    data: dict[str, list] = {c: [] for c in cols if c != "hit_ratio"}
     for mode, w in ceiling_arrays(con, grid, with_streams=by_stream).items():
         n, pt = len(w["prompt_tokens"]), w["prompt_tokens"]
-        pt_sum = int(pt.sum())
-        if by_stream:
+        if by_stream:  # per stream key: its requests and prompt tokens
             keys, code = np.unique(w["stream"].astype(str), return_inverse=True)
-            req = np.bincount(code, minlength=len(keys))
-            ptk = np.bincount(code, weights=pt, minlength=len(keys)).astype(np.int64)
+            keys = keys.tolist()
+            req = np.bincount(code, minlength=len(keys)).tolist()
+            ptk = np.bincount(code, weights=pt, minlength=len(keys)).astype(np.int64).tolist()
+        else:
+            keys, req, ptk = None, [n], [int(pt.sum())]
+        per = len(req)  # rows per configuration
         blocks = np.asarray(grid.blocks, dtype=np.int64)[:, None]
         for ttl in grid.ttls:
             floored = (w["L"][ttl][None, :] // blocks) * blocks  # every block size at once
             ttl_s = None if ttl == math.inf else float(ttl)
             for m in grid.min_prefixes:
                 hm = np.where(floored < m, 0, floored) if m > 0 else floored
-                if not by_stream:  # all block sizes in one pass, a column at a time
-                    for col, values in (("stream", [mode] * nb), ("ttl_s", [ttl_s] * nb),
-                                        ("block", list(grid.blocks)), ("min_prefix", [int(m)] * nb),
-                                        ("requests", [n] * nb), ("prompt_tokens", [pt_sum] * nb),
-                                        ("hit_tokens", hm.sum(axis=1).tolist()),
-                                        ("requests_hit", (hm > 0).sum(axis=1).tolist())):
-                        data[col].extend(values)
-                    continue
+                if by_stream:
+                    hits = [np.bincount(code, weights=h, minlength=per).astype(np.int64).tolist() for h in hm]
+                    nhits = [np.bincount(code, weights=h > 0, minlength=per).astype(np.int64).tolist() for h in hm]
+                else:  # all block sizes in one pass
+                    hits = [[h] for h in hm.sum(axis=1).tolist()]
+                    nhits = [[h] for h in (hm > 0).sum(axis=1).tolist()]
                 for bi, b in enumerate(grid.blocks):
-                    h = hm[bi]
-                    base = {"stream": mode, "ttl_s": ttl_s, "block": int(b), "min_prefix": int(m)}
-                    hit = np.bincount(code, weights=h, minlength=len(keys)).astype(np.int64)
-                    nhit = np.bincount(code, weights=(h > 0), minlength=len(keys)).astype(np.int64)
-                    for k in range(len(keys)):
-                        rows.append({**base, "stream_key": str(keys[k]), "requests": int(req[k]),
-                                     "prompt_tokens": int(ptk[k]), "hit_tokens": int(hit[k]),
-                                     "requests_hit": int(nhit[k])})
-    cols = ["stream"] + (["stream_key"] if by_stream else []) + [
-        "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit_ratio",
-        "requests_hit"]
-    schema = {"stream": pl.String, "stream_key": pl.String, "ttl_s": pl.Float64, "block": pl.Int64,
-              "min_prefix": pl.Int64, "requests": pl.Int64, "prompt_tokens": pl.Int64,
-              "hit_tokens": pl.Int64, "requests_hit": pl.Int64}
-    schema = {k: v for k, v in schema.items() if k in cols}
-    if by_stream:
-        df = pl.DataFrame(rows, schema=schema, orient="row")
-        return df.with_columns(
-            pl.when(pl.col("prompt_tokens") > 0)
-            .then(pl.col("hit_tokens") / pl.col("prompt_tokens"))
-            .otherwise(0.0).alias("hit_ratio")).select(cols)
-    # numpy and Arrow, not polars expressions: their first use in a process cost
-    # ~0.01 s, a third of a day's sweep
-    hit, pt = np.asarray(data["hit_tokens"], dtype=np.int64), np.asarray(data["prompt_tokens"], dtype=np.int64)
+                    for col, values in (("stream", [mode] * per), ("ttl_s", [ttl_s] * per),
+                                        ("block", [int(b)] * per), ("min_prefix", [int(m)] * per),
+                                        ("requests", req), ("prompt_tokens", ptk),
+                                        ("hit_tokens", hits[bi]), ("requests_hit", nhits[bi])):
+                        data[col].extend(values)
+                    if by_stream:
+                        data["stream_key"].extend(keys)
+    hit = np.asarray(data["hit_tokens"], dtype=np.int64)
+    pt = np.asarray(data["prompt_tokens"], dtype=np.int64)
     data["hit_ratio"] = np.divide(hit, pt, out=np.zeros(len(pt)), where=pt > 0)
-    types = {"stream": pa.string(), "ttl_s": pa.float64(), "block": pa.int64(), "min_prefix": pa.int64(),
-             "requests": pa.int64(), "prompt_tokens": pa.int64(), "hit_tokens": pa.int64(),
-             "hit_ratio": pa.float64(), "requests_hit": pa.int64()}
+    types = {"stream": pa.string(), "stream_key": pa.string(), "ttl_s": pa.float64(), "block": pa.int64(),
+             "min_prefix": pa.int64(), "requests": pa.int64(), "prompt_tokens": pa.int64(),
+             "hit_tokens": pa.int64(), "hit_ratio": pa.float64(), "requests_hit": pa.int64()}
     res = pa.table({c: pa.array(data[c], types[c]) for c in cols})
-    if store:
+    if store and not by_stream:
         con.execute("DELETE FROM results WHERE profile = ?", [profile])
         res_p = res.add_column(0, "profile", pa.array([profile] * len(res), pa.string()))  # noqa: F841
         con.execute("INSERT INTO results SELECT * FROM res_p")  # DuckDB reads the Arrow table by name
