@@ -48,6 +48,29 @@ def test_by_stream_rows_add_up_to_the_aggregate():
         assert all(r[c] == a[k][c] for c in ("requests", "prompt_tokens", "hit_tokens", "requests_hit"))
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_by_stream_rows_equal_the_oracle_on_each_stream_alone(seed):
+    """A stream's hits depend on its own requests only: each by-stream row is the
+    brute-force sweep of that stream's requests."""
+    from replay.replay import stream_key
+
+    reqs = random_requests(40 + seed, n=25 + 5 * seed)
+    con = db.connect(None)
+    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), MODES).items() if k != "_nodes"})
+    got = {(r["stream"], r["stream_key"], r["ttl_s"], r["block"], r["min_prefix"]): r
+           for r in _rounded(sweep(con, GRID, by_stream=True).to_dicts())}
+    want = {}
+    for mode in GRID.streams:
+        keys = {stream_key(mode, r.tenant, r.key, r.session) for r in reqs}
+        assert len(keys) > 1 or mode == "global"
+        for k in keys:
+            alone = [r for r in reqs if stream_key(mode, r.tenant, r.key, r.session) == k]
+            for row in _rounded(oracle.sweep(alone, (mode,), GRID.ttls, GRID.blocks, GRID.min_prefixes)):
+                want[(mode, k, row["ttl_s"], row["block"], row["min_prefix"])] = {**row, "stream_key": k}
+    assert got.keys() == want.keys()
+    assert all(got[k] == want[k] for k in want)
+
+
 def test_sweep_refuses_ttls_beyond_the_replay_horizon():
     con = db.connect(None)
     reqs = random_requests(1, n=10)
