@@ -60,13 +60,18 @@ def test_sample_blobs_equal_inline(tok):
     assert all((a[i] == b[i]).all() for i in ids)
 
 
-@pytest.mark.parametrize("memo_entries", [None, 7])
-def test_long_agent_sessions_blobs_equal_inline(tmp_path, tok, monkeypatch, memo_entries):
-    """Also with a tiny key memo, so its generations turn over all the time."""
-    if memo_entries is not None:
-        import replay.ingest
+@pytest.mark.parametrize("memo_entries,value_hash", [(None, True), (7, True), (None, False)])
+def test_long_agent_sessions_blobs_equal_inline(tmp_path, tok, monkeypatch, memo_entries, value_hash):
+    """Also with a tiny key memo, so its generations turn over all the time, and
+    with the key memo keyed by serializing (no compiled value hash)."""
+    import replay.ingest
 
+    if memo_entries is not None:
         monkeypatch.setattr(replay.ingest, "KEY_MEMO_ENTRIES", memo_entries)
+    if not value_hash:
+        monkeypatch.setattr(replay.ingest, "item_hashes", None)
+    elif replay.ingest.item_hashes is None:
+        pytest.skip("replay._jsonhash is not built here")
     generate(tmp_path, seed=3, scale=0.5, days=1, turns=20, chat_share=0.3)
     _, con_b = _same([str(tmp_path)], tok)
     assert con_b.execute("SELECT count(*) - count(DISTINCT blob_id) FROM blobs").fetchone()[0] == 0
@@ -204,3 +209,55 @@ def test_body_texts_are_stored_with_zstd_and_read_back_the_same(tmp_path, monkey
         bodies[mode] = con.execute("SELECT request_id, body FROM request_bodies ORDER BY 1").fetchall()
         con.close()
     assert bodies["zstd"] == bodies["auto"] and len(bodies["zstd"]) > 100
+
+
+def _json_values(rng, depth=0):
+    """Random decoded-JSON values made of near misses: 1 / 1.0 / True / "1",
+    0.0 / -0.0, the same keys in another order, a list inside a list."""
+    leaves = [0, 1, -1, 2**63 - 1, -2**63, 1.0, 0.0, -0.0, 1.5, 1e300, True, False, None,
+              "", "1", "a", "true", "null", "ü", "a\nb"]
+    r = rng.random()
+    if depth >= 3 or r < 0.4:
+        return rng.choice(leaves)
+    if r < 0.7:
+        return [_json_values(rng, depth + 1) for _ in range(rng.randrange(3))]
+    keys = rng.sample(["a", "b", "c", "1"], rng.randrange(4))
+    return {k: _json_values(rng, depth + 1) for k in keys}
+
+
+def test_value_hash_equal_exactly_when_orjson_writes_the_same():
+    """The key memo's hash (replay/_jsonhash.pyx) against its definition: two
+    values share a hash when, and only when, orjson serializes them the same."""
+    import random
+
+    import orjson
+
+    import replay.ingest
+
+    if replay.ingest.item_hashes is None:
+        pytest.skip("replay._jsonhash is not built here")
+    rng = random.Random(5)
+    values = [_json_values(rng) for _ in range(3000)]
+    values += [{"b": 1, "a": 2}, {"a": 2, "b": 1}, [[1], 2], [1, [2]], [1, 2], {"a": [1.0]}, {"a": [1]}]
+    copies = [orjson.loads(orjson.dumps(v)) for v in values]  # the same content, new objects
+    hashes = replay.ingest.item_hashes(values)
+    assert hashes == replay.ingest.item_hashes(copies)
+    by_hash: dict[int, set] = {}
+    for h, v in zip(hashes, values):
+        by_hash.setdefault(h, set()).add(orjson.dumps(v))
+    assert all(len(texts) == 1 for texts in by_hash.values())  # one serialization per hash
+    assert len(by_hash) == len({orjson.dumps(v) for v in values})  # and one hash per serialization
+    assert len(by_hash) > 1000
+    # what it has no hash for: the caller serializes instead
+    for odd in (2**64, [1, 2**70], {1: "a"}, (1, 2), {"a": {"b": object()}}):
+        assert replay.ingest.item_hashes([{"x": 1}, odd]) is None
+
+
+def test_the_value_hash_is_built_where_a_compiler_is():
+    import shutil
+
+    import replay.ingest
+
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here")
+    assert replay.ingest.item_hashes is not None
