@@ -129,9 +129,9 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     cols = ["stream"] + (["stream_key"] if by_stream else []) + [
         "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit_ratio",
         "requests_hit"]
-    # built column by column, then one Arrow table: polars' row-wise constructor
-    # took ~0.1 s on its first use in a process and its expressions ~0.01 s, as
-    # much as the rest of a day's sweep
+    # built column by column (polars' row-wise constructor took ~0.1 s on its
+    # first use in a process and its expressions ~0.01 s, as much as the rest of
+    # a day's sweep)
     data: dict[str, list] = {c: [] for c in cols if c != "hit_ratio"}
     for mode, w in ceiling_arrays(con, grid, with_streams=by_stream).items():
         n, pt = len(w["prompt_tokens"]), w["prompt_tokens"]
