@@ -42,6 +42,7 @@ on the child's stdin/stdout.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import os
 import pickle
@@ -464,8 +465,15 @@ class EncoderProcess:
 
     def take_blobs(self, blob_ids: list[int]) -> dict:
         """blob id → (kind, segment ids, segment parts) of the prepared ones among ``blob_ids``."""
-        ids, kinds, (segs, seg_lengths), (parts, part_lengths) = self._ask(("blobs", blob_ids))
-        return dict(zip(ids, zip(kinds, _unpack(segs, seg_lengths, "<u8"), _unpack(parts, part_lengths))))
+        return blobs_by_id(self.take_blobs_flat(blob_ids))
+
+    def take_blobs_flat(self, blob_ids: list[int]) -> PreparedBlobs:
+        """:meth:`take_blobs` as flat arrays (no array per part: the tokenize stage
+        adds them to its pools as they are)."""
+        ids, kinds, (segs, seg_lengths), (parts, _) = self._ask(("blobs", blob_ids))
+        return PreparedBlobs(ids, kinds, np.frombuffer(segs, dtype="<u8").astype(np.uint64),
+                             np.frombuffer(seg_lengths, dtype="<i8").astype(np.int64),
+                             np.frombuffer(parts, dtype="<i4").astype(np.int32))
 
     def take_segments(self, seg_ids: list[int]) -> dict:
         """seg id → tokens (int32) of the prepared ones among ``seg_ids``."""
@@ -487,6 +495,32 @@ class EncoderProcess:
             self.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+@dataclasses.dataclass
+class PreparedBlobs:
+    """Prepared body parts, flat: part ``i`` (blob ``ids[i]``, ``kinds[i]``) has the
+    next ``lengths[i]`` of ``seg_ids`` and of ``parts`` (each segment's part)."""
+    ids: list[int]
+    kinds: list[str]
+    seg_ids: np.ndarray   # uint64
+    lengths: np.ndarray   # int64, one per part
+    parts: np.ndarray     # int32, one per segment
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def empty(cls) -> "PreparedBlobs":
+        return cls([], [], np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32))
+
+
+def blobs_by_id(got: PreparedBlobs) -> dict:
+    """blob id → (kind, segment ids, segment parts) of ``got``."""
+    ends = np.cumsum(got.lengths).tolist()
+    starts = [0, *ends[:-1]]
+    return {bid: (kind, got.seg_ids[a:b], got.parts[a:b])
+            for bid, kind, a, b in zip(got.ids, got.kinds, starts, ends)}
 
 
 class EncoderGone(RuntimeError):

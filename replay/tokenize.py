@@ -181,7 +181,12 @@ class Tok:
     def take_blobs(self, blob_ids: list[int]) -> dict:
         """blob id → (kind, segment ids, segment parts) of the parts among ``blob_ids``
         that were prepared ahead (handed over once; {} without the process)."""
-        return self._from_process(lambda p: p.take_blobs(blob_ids), {}) if blob_ids else {}
+        return encoder.blobs_by_id(self.take_blobs_flat(blob_ids))
+
+    def take_blobs_flat(self, blob_ids: list[int]) -> "encoder.PreparedBlobs":
+        """:meth:`take_blobs` as flat arrays (``encoder.PreparedBlobs``)."""
+        none = encoder.PreparedBlobs.empty()
+        return self._from_process(lambda p: p.take_blobs_flat(blob_ids), none) if blob_ids else none
 
     def take_segments(self, seg_ids: list[int]) -> dict:
         """seg id → tokens of the prepared segments among ``seg_ids``."""
@@ -478,18 +483,9 @@ class _BlobCache:
         if not want:
             return
         store = self.store
-        entries = []  # (blob id, kind, seg ids, parts)
-        ready = store.tok.take_blobs(want)
-        if ready:
-            need = {sid for _, sids, _ in ready.values() for sid in sids.tolist()
-                    if sid not in store.known and sid not in store.new_arrays and sid not in store.new_texts}
-            got = store.tok.take_segments(sorted(need))
-            store.new_arrays.update(got)
-            for bid, (kind, sids, prt) in ready.items():
-                if all(sid in got or sid not in need for sid in sids.tolist()):
-                    entries.append((bid, kind, sids, prt))
-        taken = {e[0] for e in entries}
-        rest = [b for b in want if b not in taken]
+        ready = self._take_prepared(store.tok.take_blobs_flat(want))
+        rest = [b for b in want if b not in self.index] if len(ready) else want
+        entries = []  # (blob id, kind, seg ids, parts) of the others, rendered here
         if rest:
             rows = _fetch_blobs(con, rest, first_request)
             if len(rows) < len(rest):
@@ -523,6 +519,42 @@ class _BlobCache:
         if segs:
             self.pool_seg.extend(np.concatenate(segs))
             self.pool_part.extend(np.concatenate(parts))
+
+    def _take_prepared(self, got: "encoder.PreparedBlobs") -> "encoder.PreparedBlobs":
+        """Add the parts the encoder process prepared (with the tokens of their new
+        segments) to the pools, as whole arrays; a part whose new segments did not
+        all come is left out (rendered here instead). Returns what was added."""
+        if not len(got):
+            return got
+        store = self.store
+        known, new_arrays, new_texts = store.known, store.new_arrays, store.new_texts
+        need = [s for s in np.unique(got.seg_ids).tolist()
+                if s not in known and s not in new_arrays and s not in new_texts]
+        tokens = store.tok.take_segments(need)
+        new_arrays.update(tokens)
+        codes = np.array([_KIND_CODES.get(k, _SYSTEM) for k in got.kinds], dtype=np.int8)
+        keep = codes != _GLUE  # (never prepared: glue is not handed over)
+        if len(tokens) < len(need):
+            missing = np.array(sorted(set(need) - tokens.keys()), dtype=np.uint64)
+            owner = np.repeat(np.arange(len(got)), got.lengths)
+            keep &= np.bincount(owner[np.isin(got.seg_ids, missing)], minlength=len(got)) == 0
+        if not keep.all():
+            flat, _ = _take_rows(np.concatenate([[0], np.cumsum(got.lengths)]), np.flatnonzero(keep))
+            got = type(got)([b for b, k in zip(got.ids, keep.tolist()) if k],
+                            [c for c, k in zip(got.kinds, keep.tolist()) if k],
+                            got.seg_ids[flat], got.lengths[keep], got.parts[flat])
+            codes = codes[keep]
+        n, base, pos = len(got), len(self.index), self.pool_seg.n
+        self.index.update(zip(got.ids, range(base, base + n)))
+        ends = pos + np.cumsum(got.lengths)
+        self.kind.extend(codes)
+        self.start.extend(ends - got.lengths)
+        self.end.extend(ends)
+        self.ntok.extend(np.full(n, -1, dtype=np.int64))
+        self.pool_seg.extend(got.seg_ids)
+        self.pool_part.extend(got.parts)
+        self._pending_ntok.extend(range(base, base + n))
+        return got
 
     def count_tokens(self, known: dict[int, int]) -> None:
         """Token counts of the blobs rendered since the last call (their segments are stored)."""

@@ -261,3 +261,37 @@ def test_the_value_hash_is_built_where_a_compiler_is():
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here")
     assert replay.ingest.item_hashes is not None
+
+
+def test_prepared_parts_whose_segments_did_not_all_come_are_left_out():
+    """The tokenize stage adds the encoder process's prepared parts to its pools
+    as whole arrays (``_BlobCache._take_prepared``); a part one of whose new
+    segments was not handed over is left out (the stage renders it instead),
+    and the others keep their own segments and parts."""
+    import numpy as np
+
+    from replay.encoder import PreparedBlobs
+    from replay.tokenize import _BlobCache, _SegmentStore
+
+    class FakeTok:  # hands over the tokens of every segment but 22
+        def take_segments(self, seg_ids):
+            return {s: np.array([s % 7, 1], dtype=np.int32) for s in seg_ids if s != 22}
+
+    con = db.connect(None)
+    store = _SegmentStore(con, FakeTok(), 1000)
+    store.known[11] = 3  # already stored: not asked for
+    cache = _BlobCache(store)
+    got = PreparedBlobs(ids=[100, 101, 102], kinds=["message", "tool", "system"],
+                        seg_ids=np.array([11, 21, 22, 31, 32, 11], dtype=np.uint64),
+                        lengths=np.array([1, 2, 3], dtype=np.int64),
+                        parts=np.array([5, 0, 0, 1, 1, 1], dtype=np.int32))
+    kept = cache._take_prepared(got)
+    assert kept.ids == [100, 102]  # 101 holds segment 22, which did not come
+    assert sorted(store.new_arrays) == [21, 31, 32]  # (21 came, although its part is left out)
+    for bid, segs, parts in ((100, [11], [5]), (102, [31, 32, 11], [1, 1, 1])):
+        i = cache.index[bid]
+        a, b = cache.start.view[i], cache.end.view[i]
+        assert cache.pool_seg.view[a:b].tolist() == segs
+        assert cache.pool_part.view[a:b].tolist() == parts
+    assert 101 not in cache.index
+    assert cache.ntok.view.tolist() == [-1, -1]  # counted once their segments are stored
