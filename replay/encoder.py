@@ -463,13 +463,9 @@ class EncoderProcess:
         with self._lock:
             self._send(("warm", parts))
 
-    def take_blobs(self, blob_ids: list[int]) -> dict:
-        """blob id → (kind, segment ids, segment parts) of the prepared ones among ``blob_ids``."""
-        return blobs_by_id(self.take_blobs_flat(blob_ids))
-
     def take_blobs_flat(self, blob_ids: list[int]) -> PreparedBlobs:
-        """:meth:`take_blobs` as flat arrays (no array per part: the tokenize stage
-        adds them to its pools as they are)."""
+        """The prepared parts among ``blob_ids``, as flat arrays (no array per part:
+        the tokenize stage adds them to its pools as they are)."""
         ids, kinds, (segs, seg_lengths), (parts, _) = self._ask(("blobs", blob_ids))
         return PreparedBlobs(ids, kinds, np.frombuffer(segs, dtype="<u8").astype(np.uint64),
                              np.frombuffer(seg_lengths, dtype="<i8").astype(np.int64),

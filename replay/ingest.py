@@ -348,8 +348,8 @@ class _Blobs:
         # hash is ``_jsonhash.item_hashes`` of the decoded value (no serialization),
         # or, without that extension, Python's hash of orjson's serialization.
         # Two generations bound its memory: a full young one becomes the old one,
-        # and what is found in the old one moves back. Every id in it is in ``known``, so it is emptied whenever ids leave
-        # ``known``.
+        # and what is found in the old one moves back. Every id in it is in
+        # ``known``, so it is emptied whenever ids leave ``known``.
         self._young: dict[str, dict[int, int]] = {"tool": {}, "message": {}}
         self._old: dict[str, dict[int, int]] = {"tool": {}, "message": {}}
         self._young_size = 0
