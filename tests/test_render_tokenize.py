@@ -461,6 +461,44 @@ def test_chunking_does_not_change_results(tok):
     assert results[0] == results[1] == results[2]
 
 
+def test_a_failed_commit_keeps_the_chunks_before_it_and_a_rerun_completes(tok, monkeypatch):
+    """Each chunk's COMMIT runs on a thread beside the next chunk's work
+    (tokenize._Committer). When one fails, the stage raises it; the chunks
+    committed before stay, that chunk's rows are not there, and running the
+    stage again gives what a run without the failure gives."""
+    import replay.tokenize as rt
+
+    def requests(con):
+        add_requests(con, [{"body": b} for b in agent_bodies(6)]
+                     + [{"format": "openai", "body": b} for b in OPENAI_BODIES])
+
+    clean = db.connect(None)
+    requests(clean)
+    tokenize_stage(clean, tok, chunk_requests=2)
+    want = (clean.execute("SELECT * FROM prompts ORDER BY request_id").fetchall(),
+            clean.execute("SELECT * FROM segments ORDER BY seg_id").fetchall())
+
+    con = db.connect(None)
+    requests(con)
+    real, calls = rt._commit, []
+
+    def failing_second(c):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("disk full")
+        real(c)
+
+    monkeypatch.setattr(rt, "_commit", failing_second)
+    with pytest.raises(RuntimeError, match="disk full"):
+        tokenize_stage(con, tok, chunk_requests=2)
+    first_chunk = [r[0] for r in con.execute("SELECT request_id FROM requests ORDER BY 1 LIMIT 2").fetchall()]
+    assert [r[0] for r in con.execute("SELECT request_id FROM prompts ORDER BY 1").fetchall()] == first_chunk
+    monkeypatch.setattr(rt, "_commit", real)
+    tokenize_stage(con, tok, chunk_requests=2)
+    assert (con.execute("SELECT * FROM prompts ORDER BY request_id").fetchall(),
+            con.execute("SELECT * FROM segments ORDER BY seg_id").fetchall()) == want
+
+
 def test_unrenderable_body_is_counted_not_fatal(tok, capsys):
     con = db.connect(None)
     add_requests(con, [{"body": {"messages": [{"role": "user", "content": "ok"}]}},
