@@ -19,7 +19,6 @@ import json
 import math
 import os
 import sys
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -35,6 +34,7 @@ try:  # compiled beside the trie (setup.py); without it, values are serialized t
     from ._jsonhash import item_hashes
 except ImportError:  # pragma: no cover - an install without a compiler
     item_hashes = None
+from . import db
 from .formats import (
     FORMATS,
     TIME_UNITS,
@@ -555,61 +555,12 @@ class _Blobs:
 
 # ----------------------------------------------------------------- writing
 
-class _Deferred:
-    """The ingest loop's DuckDB work, run in order on one thread of its own.
-
-    Inserting a batch and committing a file (with the checkpoint DuckDB makes
-    there) run without the interpreter lock, so on that thread they overlap the
-    parsing of what comes next (they were ~15 % of the stage at four days of
-    agent traffic; at a week the second core is idle for most of the stage).
-    At most ``depth`` pieces of work wait (their batches are memory). Once one
-    fails, the rest are skipped (DuckDB would refuse them anyway: the
-    transaction is aborted), and the error is raised to the caller at its next
-    :meth:`submit` or :meth:`wait`."""
-
-    def __init__(self, depth: int = 2):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-ingest-db")
-        self._pending: deque = deque()
-        self._depth = depth
-        self._failed = False
-
-    def _run(self, fn, args) -> None:
-        if self._failed:
-            return
-        try:
-            fn(*args)
-        except BaseException:
-            self._failed = True
-            raise
-
-    def submit(self, fn, *args) -> None:
-        while len(self._pending) >= self._depth:
-            self._pending.popleft().result()
-        self._pending.append(self._pool.submit(self._run, fn, args))
-
-    def wait(self, raise_errors: bool = True) -> None:
-        """Until all submitted work is done (the connection is the caller's
-        again); then the first error, if any, is raised."""
-        error = None
-        while self._pending:
-            try:
-                self._pending.popleft().result()
-            except BaseException as e:  # noqa: BLE001 - the first one is raised below
-                error = error or e
-        if error is not None and raise_errors:
-            raise error
-
-    def close(self) -> None:
-        self.wait(raise_errors=False)
-        self._pool.shutdown()
-
-
 class _Writer:
     """Buffers request/reject rows and inserts them into DuckDB as Arrow batches,
     on ``deferred``'s thread (the caller waits for it before using the
     connection itself)."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, deferred: _Deferred, batch_rows: int = BATCH_ROWS,
+    def __init__(self, con: duckdb.DuckDBPyConnection, deferred: db.Deferred, batch_rows: int = BATCH_ROWS,
                  blobs: _Blobs | None = None):
         self.con = con
         self.deferred = deferred
@@ -900,7 +851,7 @@ def ingest(
     if body_blobs:
         known_blobs = con.execute("SELECT blob_id FROM blobs").fetchnumpy()["blob_id"]
         blobs = _Blobs(set(known_blobs.tolist()), warm)
-    deferred = _Deferred()
+    deferred = db.Deferred()
     writer = _Writer(con, deferred, blobs=blobs)
     fbar = lbar = None
     if progress:
@@ -984,7 +935,7 @@ def ingest(
             except BaseException:
                 writer.discard(whole_file=True)
                 deferred.wait(raise_errors=False)
-                _rollback(con)
+                db.rollback_quietly(con)
                 raise
             if used_ids:
                 next_id = job.next_id
@@ -995,7 +946,7 @@ def ingest(
         try:
             deferred.wait()  # the last file's commit
         except BaseException:
-            _rollback(con)
+            db.rollback_quietly(con)
             raise
     finally:
         deferred.close()
@@ -1007,13 +958,6 @@ def ingest(
             if bar is not None:
                 bar.close()
     return summary
-
-
-def _rollback(con) -> None:
-    try:
-        con.rollback()
-    except duckdb.Error:
-        pass  # no transaction open any more (a failed commit ends it)
 
 
 def _unreadable(writer: _Writer, summary: IngestSummary, path: str, e: OSError) -> None:

@@ -41,13 +41,11 @@ import hashlib
 import json
 import os
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
@@ -364,44 +362,11 @@ class _SegmentStore:
         return len(ids), int(lengths.sum())
 
 
-class _Committer:
-    """Commits the tokenize stage's chunk transactions on a thread: DuckDB's
-    commit and the checkpoint it makes then (~15 % of the stage at a week-rate
-    day) run without the interpreter lock, beside the next chunk's reads (on a
-    second connection: they do not depend on this chunk's rows) and its work
-    with the encoder process. ``wait`` before the connection is used again; a
-    failed commit is rolled back there, and raised."""
-
-    def __init__(self, con):
-        self.con = con
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def start(self) -> None:
-        def run() -> None:
-            try:
-                _commit(self.con)
-            except BaseException as exc:  # noqa: BLE001 - raised by wait()
-                self._error = exc
-
-        self._thread = threading.Thread(target=run, name="replay-tokenize-commit", daemon=True)
-        self._thread.start()
-
-    def wait(self, raise_error: bool = True) -> None:
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        if self._error is not None:
-            error, self._error = self._error, None
-            try:
-                self.con.execute("ROLLBACK")
-            except duckdb.Error:
-                pass  # (DuckDB may have ended the transaction itself)
-            if raise_error:
-                raise error
-
-
 def _commit(con) -> None:
+    """A chunk's COMMIT (on the stage's db.Deferred thread: DuckDB's commit and the
+    checkpoint it makes then, ~15 % of the stage at a week-rate day, run beside
+    the next chunk's reads, on a second connection, and its work with the
+    encoder process)."""
     con.execute("COMMIT")
 
 
@@ -752,7 +717,14 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
 
     new_prompts = new_segments = new_tokens = logical = failed = 0
     reads = con.cursor()  # the chunks' reads, beside the previous chunk's commit
-    committer = _Committer(con)
+    committer = db.Deferred(depth=1)
+
+    def committed() -> None:  # the previous chunk's commit is done; a failed one is rolled back, and raised
+        try:
+            committer.wait()
+        except BaseException:
+            db.rollback_quietly(con)
+            raise
     try:
         if chunk_requests is None:
             chunk_requests = min(max(CHUNK_REQUESTS[0], len(pending) // 25), CHUNK_REQUESTS[1])
@@ -818,7 +790,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                 else:
                     rows.append((rid, seg_ids, parts, out_ids))
 
-            committer.wait()  # (the previous chunk's commit)
+            committed()
             con.execute("BEGIN TRANSACTION")
             try:
                 n_seg, n_tok = store.flush(con)
@@ -843,7 +815,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                     _insert(con, "prompts", ptbl,
                             "request_id, n_tokens, seg_ids, seg_parts, output_seg_ids, output_n_tokens")
                     logical += int(pa.compute.sum(ptbl.column("n_tokens")).as_py() or 0)
-                committer.start()  # COMMIT on a thread: the next chunk's work goes on
+                committer.submit(_commit, con)  # the next chunk's work goes on meanwhile
             except BaseException:
                 con.execute("ROLLBACK")
                 # the in-memory index may now list rows that were rolled back
@@ -855,9 +827,13 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             new_prompts += n_rows
             if bar is not None:
                 bar.update(len(ids))
-        committer.wait()
+        committed()
     finally:
-        committer.wait(raise_error=False)  # (after an error elsewhere: that one is raised)
+        try:
+            committed()  # (after an error elsewhere: that one is raised, a failed commit rolled back)
+        except BaseException:
+            pass
+        committer.close()
         reads.close()
         if bar is not None:
             bar.close()

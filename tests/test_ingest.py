@@ -752,7 +752,7 @@ def test_blob_text_equals_the_standard_serialization():
 
 @pytest.mark.parametrize("fail_on", ["requests", "commit"])
 def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path, monkeypatch, fail_on):
-    """Inserts and commits run on a thread of their own (ingest._Deferred): a
+    """Inserts and commits run on a thread of their own (db.Deferred): a
     failure there, noticed a batch or a file later, still leaves the files
     before it committed, it and the ones after not at all; the next run loads them."""
     import duckdb
@@ -771,7 +771,7 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
 
     monkeypatch.setattr(ingest_mod._Writer, "_insert_now", insert)
     if fail_on == "commit":
-        class Deferred(ingest_mod._Deferred):
+        class Deferred(ingest_mod.db.Deferred):
             def submit(self, fn, *args):
                 if getattr(fn, "__name__", "") == "commit":
                     calls["commits"] += 1
@@ -780,7 +780,7 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
                             raise duckdb.TransactionException("planted")
                 super().submit(fn, *args)
 
-        monkeypatch.setattr(ingest_mod, "_Deferred", Deferred)
+        monkeypatch.setattr(ingest_mod.db, "Deferred", Deferred)
     with pytest.raises(duckdb.Error, match="planted"):
         ingest(con, [str(p) for p in paths])
     assert con.execute("SELECT path FROM sources").fetchall() == [(str(paths[0]),)]

@@ -463,7 +463,7 @@ def test_chunking_does_not_change_results(tok):
 
 def test_a_failed_commit_keeps_the_chunks_before_it_and_a_rerun_completes(tok, monkeypatch):
     """Each chunk's COMMIT runs on a thread beside the next chunk's work
-    (tokenize._Committer). When one fails, the stage raises it; the chunks
+    (db.Deferred). When one fails, the stage raises it; the chunks
     committed before stay, that chunk's rows are not there, and running the
     stage again gives what a run without the failure gives."""
     import replay.tokenize as rt
