@@ -511,14 +511,6 @@ class PreparedBlobs:
         return cls([], [], np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32))
 
 
-def blobs_by_id(got: PreparedBlobs) -> dict:
-    """blob id → (kind, segment ids, segment parts) of ``got``."""
-    ends = np.cumsum(got.lengths).tolist()
-    starts = [0, *ends[:-1]]
-    return {bid: (kind, got.seg_ids[a:b], got.parts[a:b])
-            for bid, kind, a, b in zip(got.ids, got.kinds, starts, ends)}
-
-
 class EncoderGone(RuntimeError):
     pass
 

@@ -173,18 +173,14 @@ class Tok:
     def warm(self, parts: list[tuple[int, str, str]]) -> None:
         """Body parts (blob id, kind, JSON text) ingest has just stored: the encoder
         process renders and encodes them ahead, on the other core, for
-        :meth:`take_blobs` / :meth:`take_segments`. A hint only: without the
+        :meth:`take_blobs_flat` / :meth:`take_segments`. A hint only: without the
         process nothing is done, and the tokenize stage's rows are the same either way."""
         if parts:
             self._from_process(lambda p: p.warm(parts))
 
-    def take_blobs(self, blob_ids: list[int]) -> dict:
-        """blob id → (kind, segment ids, segment parts) of the parts among ``blob_ids``
-        that were prepared ahead (handed over once; {} without the process)."""
-        return encoder.blobs_by_id(self.take_blobs_flat(blob_ids))
-
     def take_blobs_flat(self, blob_ids: list[int]) -> "encoder.PreparedBlobs":
-        """:meth:`take_blobs` as flat arrays (``encoder.PreparedBlobs``)."""
+        """The parts among ``blob_ids`` that were prepared ahead, as flat arrays
+        (``encoder.PreparedBlobs``; handed over once; none without the process)."""
         none = encoder.PreparedBlobs.empty()
         return self._from_process(lambda p: p.take_blobs_flat(blob_ids), none) if blob_ids else none
 
