@@ -166,21 +166,21 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     hit = np.asarray(data["hit_tokens"], dtype=np.int64)
     pt = np.asarray(data["prompt_tokens"], dtype=np.int64)
     data["hit_ratio"] = np.divide(hit, pt, out=np.zeros(len(pt)), where=pt > 0)
-    types = {"stream": pa.string(), "stream_key": pa.string(), "ttl_s": pa.float64(), "block": pa.int64(),
-             "min_prefix": pa.int64(), "requests": pa.int64(), "prompt_tokens": pa.int64(),
-             "hit_tokens": pa.int64(), "hit_ratio": pa.float64(), "requests_hit": pa.int64()}
     if store and not by_stream:
-        res = pa.table({c: pa.array(data[c], types[c]) for c in cols})
+        res = pa.table({c: pa.array(data[c], _TYPES[c][0]) for c in cols})
         con.execute("DELETE FROM results WHERE profile = ?", [profile])
         res_p = res.add_column(0, "profile", pa.array([profile] * len(res), pa.string()))  # noqa: F841
         con.execute("INSERT INTO results SELECT * FROM res_p")  # DuckDB reads the Arrow table by name
     # the frame from the same columns, not from the Arrow table: polars' first
     # conversion from Arrow in a process took 0.02-0.04 s, as much as the rest
     # of a day's sweep; from Python lists and numpy ~0.002 s
-    return pl.DataFrame([pl.Series(c, data[c], dtype=_POLARS_TYPES[types[c]]) for c in cols])
+    return pl.DataFrame([pl.Series(c, data[c], dtype=_TYPES[c][1]) for c in cols])
 
 
-_POLARS_TYPES = {pa.string(): pl.String, pa.float64(): pl.Float64, pa.int64(): pl.Int64}
+_STRING, _FLOAT, _INT = (pa.string(), pl.String), (pa.float64(), pl.Float64), (pa.int64(), pl.Int64)
+_TYPES = {"stream": _STRING, "stream_key": _STRING, "ttl_s": _FLOAT, "block": _INT, "min_prefix": _INT,
+          "requests": _INT, "prompt_tokens": _INT, "hit_tokens": _INT, "hit_ratio": _FLOAT,
+          "requests_hit": _INT}  # a sweep column: (its Arrow type, stored; its polars type, returned)
 
 
 def _check_horizon(con, grid: Grid) -> None:
