@@ -487,8 +487,8 @@ class _BlobCache:
         if not want:
             return
         store = self.store
-        ready = self._take_prepared(store.tok.take_blobs_flat(want))
-        rest = [b for b in want if b not in self.index] if len(ready) else want
+        self._take_prepared(store.tok.take_blobs_flat(want))
+        rest = [b for b in want if b not in self.index]
         entries = []  # (blob id, kind, seg ids, parts) of the others, rendered here
         if rest:
             rows = _fetch_blobs(con, rest, first_request)
