@@ -101,3 +101,23 @@ def test_parse_ttl_rejects_garbage_and_formats_back():
     with pytest.raises(ValueError):
         parse_ttl("5 minutes")
     assert format_ttl(300) == "5m" and format_ttl(None) == "inf" and format_ttl(45) == "45s"
+
+
+def test_the_sweep_frame_has_its_column_types_and_equals_the_stored_rows():
+    """The frame is built from the columns themselves (not converted from the stored
+    Arrow table): its types are the API's, inf is a null TTL, and the stored
+    results hold the same rows."""
+    reqs = random_requests(4, n=20)
+    con = db.connect(None)
+    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), MODES).items() if k != "_nodes"})
+    df = sweep(con, GRID)
+    want = {"stream": pl.String, "ttl_s": pl.Float64, "block": pl.Int64, "min_prefix": pl.Int64,
+            "requests": pl.Int64, "prompt_tokens": pl.Int64, "hit_tokens": pl.Int64,
+            "hit_ratio": pl.Float64, "requests_hit": pl.Int64}
+    assert dict(df.schema) == want and list(df.columns) == list(want)
+    assert df.filter(pl.col("ttl_s").is_null()).height == GRID.size // len(GRID.ttls)
+    stored = con.execute(f"SELECT {', '.join(want)} FROM results WHERE profile = 'ideal'").fetchall()
+    assert sorted(stored, key=repr) == sorted(df.rows(), key=repr)
+    per = sweep(con, GRID, by_stream=True)
+    assert dict(per.schema) == {"stream": pl.String, "stream_key": pl.String, **{k: v for k, v in want.items()
+                                                                                if k != "stream"}}
