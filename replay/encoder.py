@@ -27,9 +27,23 @@ turns that shortcut off for good (a warning on stderr) and the batch is
 encoded again without it. So a disagreement can cost speed, never a count that
 goes unnoticed in the sample.
 
+The checks can also wait (:func:`json_facts`, :meth:`Engine.settle`). Loading
+the reference takes ~0.7 s of the encoder process's core, before it could
+encode anything, and at a day of traffic that core is the one the pipeline
+waits for. When the tokenizer.json alone says everything encoding needs (the
+markers' ids, the vocabulary size, the added tokens, and the line-piece and
+tiktoken conditions, on the JSON's own words), the process starts without the
+reference and keeps each batch's sample. The parent calls ``settle`` once the
+tokenize stage is done with it, and the reference is loaded and the samples
+checked beside the replay; ``verdict`` waits for the outcome. A late
+disagreement cannot be undone by encoding the batch again, since its ids are
+stored already: the verdict names the shortcut, and the caller tokenizes again
+with the reference alone (:func:`replay.tokenize.confirm_tokens`; the
+pipeline does, then replays again). So it still costs speed only.
+
 :class:`EncoderProcess` runs an Engine in a child process (``python -m
 replay.encoder``): building a ``tokenizers.Tokenizer`` holds the interpreter
-lock for ~0.4 s, and there it costs the caller nothing; ``warm()`` hands it
+lock for ~0.6 s, and there it costs the caller nothing; ``warm()`` hands it
 body parts the ingest stage has just stored (blob id, kind, JSON text), which it
 renders and encodes on the other core while ingest goes on (:class:`Prepared`):
 the tokenize stage then takes each part's segment ids and the new segments'
@@ -53,6 +67,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
+import msgspec
 import numpy as np
 
 from . import child, segids, tiktoken_bpe
@@ -144,6 +159,78 @@ def line_pieces_safe(tokenizer) -> bool:
                    for t in tokenizer.get_added_tokens_decoder().values())
 
 
+class _JsonModel(msgspec.Struct):
+    type: str = ""
+
+
+class _JsonDoc(msgspec.Struct):  # what json_facts reads of a tokenizer.json; the rest is skipped unread
+    added_tokens: list[dict] = []
+    normalizer: object = None
+    pre_tokenizer: object = None
+    model: _JsonModel | None = None
+
+
+class _JsonVocab(msgspec.Struct):
+    vocab: dict[str, int] = {}
+
+
+class _JsonVocabDoc(msgspec.Struct):
+    model: _JsonVocab | None = None
+
+
+def _vocab_size(tokenizer_json: bytes) -> int:
+    """The model's vocabulary size. Reading the vocabulary costs ~0.12 s (all
+    else json_facts needs, ~0.01 s), so the count is kept in the cache beside
+    tiktoken's ranks (a wrong one is caught by Engine.settle)."""
+    path = tiktoken_bpe.cache_file("vocab-size", 1, tokenizer_json, ".txt")
+    try:
+        return int(path.read_bytes())
+    except (OSError, ValueError, AttributeError):  # (AttributeError: no cache)
+        pass
+    model = msgspec.json.decode(tokenizer_json, type=_JsonVocabDoc).model
+    n = len(model.vocab) if model is not None else 0
+    tiktoken_bpe.write_cache(path, str(n).encode())
+    return n
+
+
+@dataclasses.dataclass
+class JsonFacts:
+    """What a tokenizer.json says on its own about the reference it makes, when
+    that is enough to encode before the reference is loaded: ``info`` (as
+    :func:`prepare_tokenizer` gives it, no marker missing), its added tokens, and
+    the JSON itself (for tiktoken's ranks). Checked against the reference once
+    it is loaded (:meth:`Engine.settle`)."""
+    info: dict
+    added: list
+    tokenizer_json: bytes
+
+
+def json_facts(tokenizer_json: bytes) -> JsonFacts | None:
+    """The :class:`JsonFacts` of a tokenizer.json, or None unless every marker is
+    an added token already, the model a BPE, and the line-piece argument's
+    conditions hold on the JSON's own words (:func:`line_pieces_safe`): the
+    known pre-tokenizer, no normalizer, no added token holding a line break.
+    (A JSON that says them differently from the reference's own view only
+    loses the early start.)"""
+    try:
+        doc = msgspec.json.decode(tokenizer_json, type=_JsonDoc)
+        added = [tiktoken_bpe.AddedToken(int(t["id"]), t["content"], bool(t.get("lstrip")),
+                                         bool(t.get("rstrip")), bool(t.get("single_word")))
+                 for t in doc.added_tokens]
+    except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError):
+        return None
+    if (doc.model is None or doc.model.type != "BPE" or doc.pre_tokenizer != _SAFE_PRE_TOKENIZER
+            or doc.normalizer not in (None, {"type": "Sequence", "normalizers": []})
+            or any("\n" in t.content or "\r" in t.content for t in added)):
+        return None
+    ids = {t.content: t.id for t in added}
+    if any(m not in ids for m in MARKERS.values()) or len(ids) != len(added):
+        return None
+    info = {"vocab_size": _vocab_size(tokenizer_json) or 1,
+            "marker_ids": {name: ids[m] for name, m in MARKERS.items()}, "markers_added": False}
+    return JsonFacts(info, added, tokenizer_json)
+
+
 class _Background:
     """Runs ``fn`` in a daemon thread; ``result()`` waits and returns (or raises) its outcome."""
 
@@ -186,7 +273,10 @@ def _unpack(flat: bytes, lengths: bytes, dtype: str = "<i4") -> list[np.ndarray]
 class Engine:
     """Encodes texts exactly as the reference ``tokenizers.Tokenizer`` does (module docstring).
 
-    ``tokenizer``: the reference, markers already added (:func:`prepare_tokenizer`).
+    ``tokenizer``: the reference, markers already added (:func:`prepare_tokenizer`);
+    or, with ``facts`` (:func:`json_facts`), a function that loads it: the
+    engine then starts without it, and the checks of its sample wait until
+    :meth:`settle` (or until the reference is needed for something else).
     ``source``: tokenizer.json path fastokens may be built from, or None to build
     it from the reference's JSON. ``backend``: ``auto``, ``tokenizers`` (the
     reference alone), ``tiktoken`` (no fastokens) or ``fastokens`` (built at
@@ -194,12 +284,15 @@ class Engine:
     """
 
     def __init__(self, tokenizer, source: str | Path | None = None, backend: str = "auto",
-                 line_pieces: bool | None = None):
+                 line_pieces: bool | None = None, facts: JsonFacts | None = None):
         check_backend(backend)
-        self.tk = tokenizer
+        self.facts = facts
+        self._tk, self._load = (None, tokenizer) if facts is not None else (tokenizer, None)
+        self._deferred: list | None = [] if facts is not None else None  # checks waiting for settle()
+        self.late_failures: list[str] = []  # shortcuts a waiting check found wrong
         self.source = source
         self.backend = backend
-        known = line_pieces_safe(tokenizer)
+        known = True if facts is not None else line_pieces_safe(tokenizer)
         self.split = known if line_pieces is None else line_pieces
         # tiktoken: built at first use (~0.5 s; ~0.2 s with its ranks cached), for the pre-tokenizer it was written for
         self._tik_wanted = backend in ("auto", "tiktoken") and known and tiktoken_bpe.available()
@@ -213,6 +306,13 @@ class Engine:
                                          pieces=0, pieces_encoded=0, verified_texts=0, mismatches=0)
         if backend == "fastokens":
             self._start_fast()
+
+    @property
+    def tk(self):
+        """The reference (loaded now if it was not yet)."""
+        if self._tk is None:
+            self._tk = self._load()
+        return self._tk
 
     # ------------------------------------------------------------ public
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -263,8 +363,7 @@ class Engine:
         """The texts' ids by tiktoken when it is at hand, else by the reference;
         and whether tiktoken gave them (the caller checks its sample)."""
         if self._tik is None and self._tik_wanted:
-            self._tik = tiktoken_bpe.build(self.tk, Path(self.source).read_bytes() if self.source is not None
-                                           else self.tk.to_str())
+            self._tik = self._build_tiktoken()
             self._tik_wanted = self._tik is not None
         if self._tik is None:
             return self._reference(texts), False
@@ -274,6 +373,17 @@ class Engine:
         except UnicodeEncodeError:  # a lone surrogate: replaced as the reference path does
             texts = [_sanitize(t) for t in texts]
         return self._tik.encode(texts), True
+
+    def _build_tiktoken(self):
+        if self.facts is not None:
+            added, data = self.facts.added, self.facts.tokenizer_json
+        else:
+            added = tiktoken_bpe.added_tokens_of(self.tk)
+            data = Path(self.source).read_bytes() if self.source is not None else self.tk.to_str()
+        tik = tiktoken_bpe.build(added, data)
+        if tik is not None and not self._verify([tiktoken_bpe.PROBE], tik.encode([tiktoken_bpe.PROBE]), "tiktoken"):
+            return None
+        return tik
 
     def _drop_tiktoken(self) -> None:
         self._tik, self._tik_wanted = None, False
@@ -287,15 +397,56 @@ class Engine:
         return [np.array(e.ids, dtype=np.int32) for e in encs]
 
     def _verify(self, texts: list[str], got: list[np.ndarray], what: str) -> bool:
+        """Every ``VERIFY_EVERY``-th text checked against the reference; before
+        :meth:`settle`, the sample is kept for it and taken as good for now."""
         sample = list(range(0, len(texts), VERIFY_EVERY))
+        if self._deferred is not None:
+            self._deferred.append((what, [texts[i] for i in sample], [got[i] for i in sample]))
+            return True
         ref = self._reference([texts[i] for i in sample])
         self.stats["verified_texts"] += len(sample)
         if all(np.array_equal(a, got[i]) for a, i in zip(ref, sample)):
             return True
+        self._disagreed(what)
+        return False
+
+    def _disagreed(self, what: str) -> None:
         self.stats["mismatches"] += 1
         print(f"tokenize: {what} disagreed with tokenizers on a checked text; "
               f"not using {what} from now on", file=sys.stderr)
-        return False
+
+    def settle(self) -> list[str]:
+        """Load the reference if the engine started without it, and run the checks
+        that waited for it. Returns what they found wrong (also kept in
+        ``late_failures``): the shortcuts named there are off from now on, and
+        ids handed out before may be wrong, so the caller must encode again.
+        Cheap once done."""
+        if self._deferred is None:
+            return self.late_failures
+        tk = self.tk
+        if prepare_tokenizer(tk) != self.facts.info and "tokenizer.json facts" not in self.late_failures:
+            self.late_failures.append("tokenizer.json facts")
+            print("tokenize: the tokenizer differs from what its tokenizer.json said", file=sys.stderr)
+            self.split, self._tik_wanted, self._fast_wanted = False, False, False
+            self._tik = self._fast = None
+        ref = iter(self._reference([t for _, texts, _ in self._deferred for t in texts]))  # one call
+        for what, texts, got in self._deferred:
+            want = list(itertools.islice(ref, len(texts)))
+            self.stats["verified_texts"] += len(texts)
+            if what in self.late_failures or all(map(np.array_equal, want, got)):
+                continue
+            self._disagreed(what)
+            self.late_failures.append(what)
+            self._pieces.clear()
+            self._pieces_tokens = 0
+            if what == "tiktoken":
+                self._drop_tiktoken()
+            elif what == "line pieces":
+                self.split = False
+            else:
+                self._fast, self._fast_wanted = None, False
+        self._deferred = None  # (only now: a check that raised is run again by the next call)
+        return self.late_failures
 
     def _by_pieces(self, texts: list[str]) -> list[np.ndarray] | None:
         cut = [line_pieces(t) for t in texts]
@@ -476,6 +627,15 @@ class EncoderProcess:
         ids, packed = self._ask(("segments", seg_ids))
         return dict(zip(ids, _unpack(*packed)))
 
+    def settle(self) -> None:
+        """Start the checks that wait for the reference (no reply; see :meth:`Engine.settle`)."""
+        with self._lock:
+            self._send(("settle",))
+
+    def verdict(self) -> list[str]:
+        """What the waiting checks found wrong (waits for them; see :meth:`Engine.settle`)."""
+        return self._ask(("verdict",))
+
     def describe(self) -> str:
         return self._ask(("describe",))
 
@@ -640,10 +800,21 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
         pass
     proto_in, proto_out = child.protocol_streams()
     try:
-        tk = load_reference(path)
-        info = prepare_tokenizer(tk, path)
-        source = path if (fast_from_file and not info["markers_added"]) else None
-        engine = Engine(tk, source=source, backend=backend)
+        # The reference takes ~0.7 s to load, before anything could be encoded. When
+        # the JSON alone says what encoding needs, the engine starts without it;
+        # the parent asks for the checks that wait for it (settle) once it is done
+        # taking prepared parts, and for their outcome (verdict) before it trusts
+        # the stage's rows.
+        facts = json_facts(Path(path).read_bytes()) if backend in ("auto", "tiktoken") else None
+        if facts is not None:
+            info = facts.info
+            engine = Engine(lambda: load_reference(path), source=path if fast_from_file else None,
+                            backend=backend, facts=facts)
+        else:
+            tk = load_reference(path)
+            info = prepare_tokenizer(tk, path)
+            source = path if (fast_from_file and not info["markers_added"]) else None
+            engine = Engine(tk, source=source, backend=backend)
         prepared = Prepared(engine, info)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         child.write_frame(proto_out, ("error", f"cannot load the tokenizer: {type(exc).__name__}: {exc}"))
@@ -700,6 +871,19 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
         elif msg[0] == "segments":
             got = prepared.take_segments(msg[1])
             child.write_frame(proto_out, ("ok", (list(got), _pack(list(got.values())))))
+        elif msg[0] == "settle":
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"  # beside the parent's next stage
+            try:
+                engine.settle()
+            except Exception:  # noqa: BLE001 - raised again, and reported, by the verdict
+                pass
+        elif msg[0] == "verdict":
+            os.environ["TOKENIZERS_PARALLELISM"] = "true"
+            try:
+                reply = ("ok", engine.settle())
+            except Exception as exc:  # noqa: BLE001
+                reply = ("error", f"checking failed: {type(exc).__name__}: {exc}")
+            child.write_frame(proto_out, reply)
         elif msg[0] == "describe":
             st = prepared.stats
             ahead = (f"; {st['parts_taken']:,} of {st['parts']:,} body parts prepared while ingesting"

@@ -109,7 +109,8 @@ class Tok:
     """
 
     def __init__(self, path: str | Path, name: str, chat_template: str | None = None,
-                 backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None):
+                 backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None,
+                 shortcuts: bool = True):
         self.path = Path(path)
         self.name = name
         self.chat_template = chat_template
@@ -125,6 +126,8 @@ class Tok:
                 print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
         self._engine: encoder.Engine | None = None
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
+        self._shortcuts = shortcuts
+        self._lost = False  # an encoder process ended: what it handed out may be unchecked
 
     # ------------------------------------------------------------ the tokenizer itself
     def _local_tokenizer(self):
@@ -188,6 +191,27 @@ class Tok:
         """seg id → tokens of the prepared segments among ``seg_ids``."""
         return self._from_process(lambda p: p.take_segments(seg_ids), {}) if seg_ids else {}
 
+    def settle(self) -> None:
+        """No more prepared parts will be taken: the encoder process may now load
+        the reference and run the checks that waited for it, beside whatever this
+        process does next (:meth:`verdict` waits for them)."""
+        self._from_process(lambda p: p.settle())
+
+    def verdict(self) -> list[str]:
+        """What the checks of the ids handed out so far found wrong (waits for
+        them): empty when every shortcut agreed with the reference. Ids from an
+        encoder process that ended count as unchecked."""
+        got = self._from_process(lambda p: p.verdict())
+        if got is None and self._lost:
+            return ["the encoder process ended before its checks"]
+        return list(got or []) + (self._engine.settle() if self._engine is not None else [])
+
+    def exact(self) -> "Tok":
+        """This tokenizer with no shortcut: the reference alone, in this process
+        (to encode again what a failed check put in doubt)."""
+        return Tok(self.path, self.name, self.chat_template, backend="tokenizers", in_process=True,
+                   shortcuts=False)
+
     def encoder_name(self) -> str:
         """What encoded this tokenizer's texts so far (for summaries and the bench)."""
         got = self._from_process(lambda p: "encoder process: " + p.describe())
@@ -197,12 +221,14 @@ class Tok:
         if self._engine is None:
             tk, info = self._local_tokenizer()
             source = self.path if self._fast_from_file and not info["markers_added"] else None
-            self._engine = encoder.Engine(tk, source=source, backend=self.backend)
+            self._engine = encoder.Engine(tk, source=source, backend=self.backend,
+                                          line_pieces=None if self._shortcuts else False)
         return self._engine
 
     def _lose_process(self) -> None:
         print("tokenize: the encoder process ended; encoding in this process from now on", file=sys.stderr)
         proc, self._proc = self._proc, None
+        self._lost = True
         if proc is not None:
             proc.close()
 
@@ -416,7 +442,8 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
     """Make ``segments``/``prompts`` belong to ``tok``; True when old rows were cleared."""
     current = db.get_meta(con, "tokenizer")
     cleared = False
-    if current != tok.name:
+    # "pending": a run stopped before its late checks were in (confirm_tokens)
+    if current != tok.name or db.get_meta(con, "tokens_checked") == "pending":
         has_rows = con.execute(
             "SELECT (SELECT count(*) FROM segments) + (SELECT count(*) FROM prompts)").fetchone()[0]
         if has_rows:
@@ -676,9 +703,28 @@ def _blob_prompts(assembled, blob_cache: "_BlobCache", keep: list[int], outputs:
     })
 
 
+def confirm_tokens(con, tok: Tok) -> bool:
+    """Wait for the checks of the ids ``tok`` handed out (:meth:`Tok.verdict`).
+    True when all agreed with the reference; otherwise the stage's rows are
+    deleted, with a warning on stderr, and False: the caller tokenizes again
+    with ``tok.exact()``."""
+    failed = tok.verdict()
+    if not failed:
+        db.set_meta(con, "tokens_checked", "yes")
+        return True
+    print(f"tokenize: a check found {', '.join(failed)} disagreeing with tokenizers; "
+          "tokenizing again with tokenizers alone", file=sys.stderr)
+    con.execute("BEGIN TRANSACTION")
+    con.execute("DELETE FROM prompts")
+    con.execute("DELETE FROM segments")
+    db.set_meta(con, "tokens_checked", "failed")
+    con.execute("COMMIT")
+    return False
+
+
 def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
-                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None
-                   ) -> TokenizeSummary:
+                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None,
+                   check: bool = True) -> TokenizeSummary:
     """Fill ``segments`` and ``prompts`` for every request without a prompt row.
 
     ``tokenizer``: a :class:`Tok`, a local tokenizer path, or None (DeepSeek-V4).
@@ -690,6 +736,14 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     encoder batches of about ``batch_chars`` characters) and its segments and
     prompts are inserted in one transaction, so an interrupted run resumes
     cleanly. Re-running adds nothing.
+
+    The encoder's shortcuts are checked on a sample against the reference
+    (:mod:`replay.encoder`), some of it only once the stage is done. ``check``:
+    wait for those checks here (:func:`confirm_tokens`; on a disagreement the
+    stage runs again with the reference alone); False leaves it to the caller,
+    which then calls :func:`confirm_tokens` itself — after the replay, say, so
+    the checks run beside it. Until then the rows are marked unchecked
+    (``tokens_checked``), and a later run redoes them.
     """
     t0 = time.perf_counter()
     tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
@@ -705,6 +759,8 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) ORDER BY request_id"
     ).fetchnumpy()["request_id"]
 
+    if len(pending):
+        db.set_meta(con, "tokens_checked", "pending")
     bar = None
     if progress:
         from tqdm import tqdm
@@ -834,6 +890,9 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         if bar is not None:
             bar.close()
 
+    tok.settle()  # no more prepared parts are taken: the late checks may start
+    if check and len(pending) and not confirm_tokens(con, tok):
+        return tokenize_stage(con, tok.exact(), progress, batch_chars, chunk_requests)
     return TokenizeSummary(
         requests=int(len(pending)), new_prompts=new_prompts, unique_segments=new_segments,
         unique_tokens=new_tokens, logical_tokens=logical,

@@ -185,10 +185,8 @@ def test_tiktoken_equals_reference_on_real_text(ref_tk, shared_data):
     assert e.stats["tiktoken_texts"] == len(texts)
 
 
-@tiktoken_only
-@pytest.mark.parametrize("pieces", [False, True])
-def test_a_tiktoken_disagreement_drops_tiktoken_only(ref_tk, monkeypatch, capsys, pieces):
-    e = tiktoken_engine(ref_tk, line_pieces=pieces)
+def break_tiktoken(e, monkeypatch) -> None:
+    """From now on the engine's tiktoken gives each text's first id plus one."""
     e.encode(["build it"])
     real = e._tik.encode
 
@@ -200,6 +198,13 @@ def test_a_tiktoken_disagreement_drops_tiktoken_only(ref_tk, monkeypatch, capsys
         return out
 
     monkeypatch.setattr(e._tik, "encode", wrong)
+
+
+@tiktoken_only
+@pytest.mark.parametrize("pieces", [False, True])
+def test_a_tiktoken_disagreement_drops_tiktoken_only(ref_tk, monkeypatch, capsys, pieces):
+    e = tiktoken_engine(ref_tk, line_pieces=pieces)
+    break_tiktoken(e, monkeypatch)
     texts = [f"text number {i}\nwith a second line" for i in range(120)]
     got = e.encode(texts)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
@@ -217,20 +222,20 @@ def _deepseek_json() -> dict:
 def test_tiktoken_is_built_only_where_the_argument_holds(ref_tk, tmp_path):
     from tokenizers import AddedToken
 
-    assert tiktoken_bpe.build(ref_tk, json.dumps(_deepseek_json())) is not None
+    assert tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(ref_tk), json.dumps(_deepseek_json())) is not None
     swapped = _deepseek_json()  # merge priority no longer token-id order
     merges = swapped["model"]["merges"]
     merges[10], merges[11] = merges[11], merges[10]
-    assert tiktoken_bpe.build(ref_tk, json.dumps(swapped)) is None
+    assert tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(ref_tk), json.dumps(swapped)) is None
     other = _deepseek_json()
     other["model"]["ignore_merges"] = True
-    assert tiktoken_bpe.build(ref_tk, json.dumps(other)) is None
+    assert tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(ref_tk), json.dumps(other)) is None
     stripping = reference()
     stripping.add_tokens([AddedToken("zzq", lstrip=True)])
-    assert tiktoken_bpe.build(stripping, json.dumps(_deepseek_json())) is None
+    assert tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(stripping), json.dumps(_deepseek_json())) is None
     prefixed = reference()
     prefixed.add_special_tokens([AddedToken("<thin", special=True)])  # a prefix of <think>
-    assert tiktoken_bpe.build(prefixed, json.dumps(_deepseek_json())) is None
+    assert tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(prefixed), json.dumps(_deepseek_json())) is None
     # another pre-tokenizer: the engine does not even try
     tiny = reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json")
     assert encoder.Engine(tiny, backend="tiktoken")._tik_wanted is False
@@ -247,7 +252,7 @@ def test_the_ranks_cache_gives_the_derived_ranks_and_survives_bad_files(ref_tk, 
     monkeypatch.setattr(tiktoken_bpe, "_ranks_from_json", lambda _: pytest.fail("derived again"))
     assert tiktoken_bpe.cached_ranks(data) == derived
     texts = adversarial_texts(5, 300)
-    fast = tiktoken_bpe.build(ref_tk, data)
+    fast = tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(ref_tk), data)
     assert all(np.array_equal(a, b) for a, b in zip(fast.encode([encoder._sanitize(t) for t in texts]),
                                                      ref_ids(ref_tk, texts)))
     monkeypatch.undo()
@@ -404,6 +409,155 @@ def test_backend_choice(monkeypatch, ref_tk):
         load_tokenizer()
 
 
+# ----------------------------------------------------------------- checks that wait for the reference
+
+def deferred_engine(data: bytes | None = None, **kw):
+    """An engine started as the encoder process starts one when the tokenizer.json
+    says enough: without the reference, which ``loads`` counts the loading of."""
+    loads = []
+
+    def load():
+        loads.append(1)
+        return reference()
+
+    facts = encoder.json_facts(data if data is not None else Path(DEEPSEEK).read_bytes())
+    assert facts is not None
+    return encoder.Engine(load, source=DEEPSEEK, facts=facts, **kw), loads
+
+
+def test_the_json_alone_gives_the_references_facts(ref_tk, tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "cache"))
+    data = Path(DEEPSEEK).read_bytes()
+    for _ in range(2):  # the vocabulary counted, then its count read from the cache
+        facts = encoder.json_facts(data)
+        assert facts.info == encoder.prepare_tokenizer(reference())
+        assert sorted(facts.added) == sorted(tiktoken_bpe.added_tokens_of(ref_tk))
+    assert [p.name.split("-v1-")[0] for p in (tmp_path / "cache").iterdir()] == ["vocab-size"]
+
+    def facts_of(change) -> encoder.JsonFacts | None:
+        d = _deepseek_json()
+        change(d)
+        return encoder.json_facts(json.dumps(d).encode())
+
+    assert facts_of(lambda d: None) is not None
+    # refused, so the reference is loaded first: anything the line-piece argument or
+    # the markers' ids cannot be read from the JSON for
+    assert encoder.json_facts((make_local_tokenizer(tmp_path / "t") / "tokenizer.json").read_bytes()) is None
+    assert facts_of(lambda d: d.update(normalizer={"type": "NFC"})) is None
+    assert facts_of(lambda d: d["pre_tokenizer"]["pretokenizers"].pop(0)) is None
+    assert facts_of(lambda d: d["model"].update(type="WordPiece")) is None
+    assert facts_of(lambda d: d.update(added_tokens=[t for t in d["added_tokens"]
+                                                      if t["content"] != MARKERS["user"]])) is None
+    assert facts_of(lambda d: d["added_tokens"].append({**d["added_tokens"][-1], "id": 130000,
+                                                        "content": "two\nlines"})) is None
+    assert encoder.json_facts(b"{not json") is None
+
+
+@tiktoken_only
+def test_checks_wait_for_settle_then_all_pass(ref_tk):
+    e, loads = deferred_engine(backend="tiktoken")
+    texts = adversarial_texts(21, 3000) + EDGE + ADDED_IN_TEXT
+    got = e.encode(texts)
+    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert loads == [] and e.stats["verified_texts"] == 0 and e.stats["tiktoken_texts"] > 0
+    assert e.settle() == [] and loads == [1]
+    assert e.stats["verified_texts"] >= len(texts) // encoder.VERIFY_EVERY and e.stats["mismatches"] == 0
+    assert e.settle() == [] and loads == [1]  # once
+    checked = e.stats["verified_texts"]
+    assert e.encode(["after the settling\nof it"])[0].tolist() == ref_ids(ref_tk, ["after the settling\nof it"])[0].tolist()
+    assert e.stats["verified_texts"] == checked + 1  # from now on, checked at once
+
+
+@tiktoken_only
+@pytest.mark.parametrize("pieces", [False, True])
+def test_a_late_disagreement_is_reported_and_the_shortcut_dropped(ref_tk, monkeypatch, capsys, pieces):
+    e, _ = deferred_engine(backend="tiktoken", line_pieces=pieces)
+    break_tiktoken(e, monkeypatch)
+    texts = [f"text number {i}\nwith a second line" for i in range(120)]
+    got = e.encode(texts)
+    assert not any(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))  # wrong, unseen yet
+    assert e.stats["mismatches"] == 0
+    assert e.settle() == ["tiktoken"] and e.late_failures == ["tiktoken"]
+    assert e.stats["mismatches"] == 1 and e._tik is None and e.split == pieces
+    assert "tiktoken disagreed" in capsys.readouterr().err
+    assert e.encode(["later"])[0].tolist() == ref_tk.encode("later", add_special_tokens=False).ids
+
+
+def test_a_tokenizer_unlike_its_json_facts_is_a_late_failure(ref_tk, tmp_path, monkeypatch, capsys):
+    """A wrong vocabulary count in the cache (or anything else the JSON was read
+    wrong for) is found when the reference is loaded."""
+    monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "cache"))
+    data = Path(DEEPSEEK).read_bytes()
+    encoder.json_facts(data)
+    (path,) = (tmp_path / "cache").iterdir()
+    path.write_bytes(b"127999")
+    e, _ = deferred_engine(data, backend="tiktoken")
+    assert e.facts.info["vocab_size"] == 127999
+    e.encode(["some text"])
+    assert e.settle() == ["tokenizer.json facts"]
+    assert e._tik is None and not e.split and "differs from what its tokenizer.json said" in capsys.readouterr().err
+
+
+@tiktoken_only
+def test_a_failed_late_check_tokenizes_and_replays_again_with_the_reference_alone(tmp_path, monkeypatch, capsys):
+    """The pipeline trusts the tokenize stage's rows only after the late checks
+    (which run beside the replay); when one fails, both stages run again with the
+    reference alone, and the results are the reference's."""
+    from replay import pipeline
+
+    bodies = agent_bodies(10)
+    want = db.connect(tmp_path / "want.duckdb")
+    add_requests(want, [{"body": b} for b in bodies])
+    exact = load_tokenizer(backend="tokenizers")
+    exact.close()  # in this process, the reference alone
+    want_sweep = pipeline.sweep(want, tokenizer=exact)
+
+    con = db.connect(tmp_path / "got.duckdb")
+    add_requests(con, [{"body": b} for b in bodies])
+    tok = load_tokenizer()
+    tok.close()
+    tok._engine, _ = deferred_engine(backend="tiktoken")  # encodes in this process, checks late
+    break_tiktoken(tok._engine, monkeypatch)
+    got_sweep = pipeline.sweep(con, tokenizer=tok)
+    assert "tokenizing again with tokenizers alone" in capsys.readouterr().err
+    assert db.get_meta(con, "tokens_checked") == "yes"
+    for q in ("SELECT seg_id, n_tokens, tokens FROM segments ORDER BY seg_id",
+              "SELECT request_id, n_tokens, seg_ids, seg_parts FROM prompts ORDER BY request_id"):
+        assert con.execute(q).fetchall() == want.execute(q).fetchall()
+    assert got_sweep.equals(want_sweep)
+
+
+def test_rows_left_unchecked_are_tokenized_again(tmp_path):
+    """A run that stopped after the tokenize stage but before its late checks
+    leaves its rows marked unchecked; the next run tokenizes them again."""
+    from replay import pipeline
+
+    con = db.connect(tmp_path / "t.duckdb")
+    add_requests(con, [{"body": b} for b in agent_bodies(6)])
+    with load_tokenizer() as tok:
+        tokenize_stage(con, tok, check=False)
+        assert db.get_meta(con, "tokens_checked") == "pending"
+    rows = con.execute("SELECT request_id, n_tokens, seg_ids FROM prompts ORDER BY request_id").fetchall()
+    with load_tokenizer() as tok:
+        done = pipeline.prepare(con, tokenizer=tok)
+    assert done["tokenize"].cleared and done["tokenize"].new_prompts == 6
+    assert db.get_meta(con, "tokens_checked") == "yes"
+    assert con.execute("SELECT request_id, n_tokens, seg_ids FROM prompts ORDER BY request_id").fetchall() == rows
+    assert "tokenize" not in pipeline.prepare(con)  # checked: nothing to do
+
+
+def test_the_stage_alone_waits_for_the_process_checks(tmp_path):
+    import re
+
+    con = db.connect(tmp_path / "t.duckdb")
+    add_requests(con, [{"body": b} for b in agent_bodies(8)])
+    with load_tokenizer() as tok:
+        tokenize_stage(con, tok)
+        name = tok.encoder_name()
+    assert db.get_meta(con, "tokens_checked") == "yes"
+    assert re.search(r"[1-9][\d,]* checked against tokenizers, 0 mismatches", name), name
+
+
 # ----------------------------------------------------------------- the process
 
 def test_process_encoder_equals_in_process(ref_tk):
@@ -485,6 +639,7 @@ def test_a_lost_encoder_process_falls_back_to_this_process(ref_tk, capsys):
     assert tok._proc is None
     assert "encoder process ended" in capsys.readouterr().err
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
+    assert tok.verdict() == ["the encoder process ended before its checks"]  # its late checks are lost
 
 
 def test_tokenize_stage_tables_identical_whatever_encodes(tmp_path):
