@@ -167,11 +167,11 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         raise RuntimeError("the encoder's shortcuts disagreed with tokenizers (see stderr)")
     t3c = time.perf_counter()
     encoder_used = tokenizer.encoder_name()  # (the bench's own: not counted)
-    helper_peak = _helper_peak_rss_mb()
     peak["replay"] = _peak_rss_mb()
     t3d = time.perf_counter()
     tokenizer.close()
     t3e = time.perf_counter()
+    helper_peak = _helper_peak_rss_mb()  # (once it has ended)
     df = sweep(con, grid)
     t4, c4 = time.perf_counter(), time.process_time()
     t4 -= t3d - t3c
