@@ -415,6 +415,16 @@ class Engine:
         print(f"tokenize: {what} disagreed with tokenizers on a checked text; "
               f"not using {what} from now on", file=sys.stderr)
 
+    def release(self) -> None:
+        """Let go of the piece cache and fastokens' tables, which only speed
+        encoding up (fastokens is built again once enough more is encoded).
+        tiktoken stays: its tables are small, and freeing them took ~0.1 s."""
+        self._pieces.clear()
+        self._pieces_tokens = 0
+        if self._fast is not None and self._fast.done():
+            self._fast = None  # (started again once enough more is encoded)
+            self._encoded_chars = 0
+
     def settle(self) -> list[str]:
         """Load the reference if the engine started without it, and run the checks
         that waited for it. Returns what they found wrong (also kept in
@@ -790,9 +800,9 @@ class _Inbox:
 
 
 def _give_back_memory() -> None:
-    """Return freed heap memory to the system. This process now lives on beside
-    the replay (its late checks), after the tokenize stage took and freed what
-    it had prepared (up to ~1.1 GB at a week): glibc would keep those pages."""
+    """Return freed heap memory to the system: after the tokenize stage took (and
+    this process freed) what it had prepared, up to ~1.1 GB at a week, glibc
+    would keep those pages."""
     import ctypes
     import ctypes.util
 
@@ -886,6 +896,9 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
             child.write_frame(proto_out, ("ok", (list(got), _pack(list(got.values())))))
         elif msg[0] == "settle":
             os.environ["TOKENIZERS_PARALLELISM"] = "false"  # beside the parent's next stage
+            # this process lives on beside the replay: first it gives back what
+            # the stage no longer needs (~0.04 s at a day)
+            engine.release()
             _give_back_memory()
             try:
                 engine.settle()

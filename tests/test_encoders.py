@@ -466,6 +466,11 @@ def test_checks_wait_for_settle_then_all_pass(ref_tk):
     checked = e.stats["verified_texts"]
     assert e.encode(["after the settling\nof it"])[0].tolist() == ref_ids(ref_tk, ["after the settling\nof it"])[0].tolist()
     assert e.stats["verified_texts"] == checked + 1  # from now on, checked at once
+    e.release()  # (what the encoder process does when it settles)
+    assert not e._pieces
+    more = adversarial_texts(22, 500)
+    assert all(np.array_equal(a, b) for a, b in zip(e.encode(more), ref_ids(ref_tk, more)))
+    assert e._pieces  # filled again
 
 
 @tiktoken_only
@@ -551,9 +556,12 @@ def test_the_stage_alone_waits_for_the_process_checks(tmp_path):
 
     con = db.connect(tmp_path / "t.duckdb")
     add_requests(con, [{"body": b} for b in agent_bodies(8)])
+    texts = adversarial_texts(23, 300)
     with load_tokenizer() as tok:
         tokenize_stage(con, tok)
         name = tok.encoder_name()
+        after = tok.encode_arrays(texts)  # the process settled and let its caches go: still exact
+    assert all(np.array_equal(a, b) for a, b in zip(after, ref_ids(reference(), texts)))
     assert db.get_meta(con, "tokens_checked") == "yes"
     assert re.search(r"[1-9][\d,]* checked against tokenizers, 0 mismatches", name), name
 
