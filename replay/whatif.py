@@ -295,7 +295,7 @@ def _prepare(con, stream: str, tokenizer) -> None:
     pending = con.execute("""
         SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
         WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchone()[0]
-    if pending:
+    if pending or db.get_meta(con, "tokens_checked") == "pending":  # (as pipeline.prepare: rows a stopped run left unchecked)
         tokenize_stage(con, _tokenizer(tokenizer))
     if not walks_current(con, (stream,), ("prompt",), math.inf):
         replay_stage(con, modes=(stream,), horizon=math.inf)

@@ -549,6 +549,14 @@ def test_rows_left_unchecked_are_tokenized_again(tmp_path):
     assert db.get_meta(con, "tokens_checked") == "yes"
     assert con.execute("SELECT request_id, n_tokens, seg_ids FROM prompts ORDER BY request_id").fetchall() == rows
     assert "tokenize" not in pipeline.prepare(con)  # checked: nothing to do
+    from replay import whatif
+
+    add_requests(con, [{"body": b} for b in agent_bodies(3)])
+    with load_tokenizer() as tok:  # the what-if path redoes unchecked rows too
+        tokenize_stage(con, tok, check=False)
+        assert db.get_meta(con, "tokens_checked") == "pending"
+        whatif.ceiling(con, tokenizer=tok)
+    assert db.get_meta(con, "tokens_checked") == "yes"
 
 
 def test_the_stage_alone_waits_for_the_process_checks(tmp_path):
