@@ -434,7 +434,9 @@ class Engine:
         if self._deferred is None:
             return self.late_failures
         tk = self.tk
-        if prepare_tokenizer(tk) != self.facts.info and "tokenizer.json facts" not in self.late_failures:
+        same = (prepare_tokenizer(tk) == self.facts.info
+                and sorted(tiktoken_bpe.added_tokens_of(tk)) == sorted(self.facts.added))
+        if not same and "tokenizer.json facts" not in self.late_failures:
             self.late_failures.append("tokenizer.json facts")
             print("tokenize: the tokenizer differs from what its tokenizer.json said", file=sys.stderr)
             self.split, self._tik_wanted, self._fast_wanted = False, False, False

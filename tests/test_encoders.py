@@ -501,6 +501,12 @@ def test_a_tokenizer_unlike_its_json_facts_is_a_late_failure(ref_tk, tmp_path, m
     e.encode(["some text"])
     assert e.settle() == ["tokenizer.json facts"]
     assert e._tik is None and not e.split and "differs from what its tokenizer.json said" in capsys.readouterr().err
+    path.unlink()  # (counted again, right)
+    e, _ = deferred_engine(data, backend="tiktoken")
+    assert e.settle() == []
+    e, _ = deferred_engine(data, backend="tiktoken")  # an added token's flags read wrong
+    e.facts.added[-1] = e.facts.added[-1]._replace(rstrip=True)
+    assert e.settle() == ["tokenizer.json facts"]
 
 
 @tiktoken_only
