@@ -88,7 +88,7 @@ class Deferred:
     at its next :meth:`submit` or :meth:`wait`."""
 
     def __init__(self, depth: int = 2):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-ingest-db")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-db")
         self._pending: deque = deque()
         self._depth = depth
         self._failed = False

@@ -151,12 +151,15 @@ def line_pieces_safe(tokenizer) -> bool:
         norm_state = json.loads(norm.__getstate__()) if norm is not None else None
     except Exception:  # noqa: BLE001 - anything unexpected: no shortcut
         return False
-    if pre_state != _SAFE_PRE_TOKENIZER:
-        return False
-    if norm_state not in (None, {"type": "Sequence", "normalizers": []}):
-        return False
-    return not any(("\n" in t.content or "\r" in t.content)
-                   for t in tokenizer.get_added_tokens_decoder().values())
+    return _pieces_safe(pre_state, norm_state, [t.content for t in tokenizer.get_added_tokens_decoder().values()])
+
+
+def _pieces_safe(pre_state, norm_state, added_contents) -> bool:
+    """The line-piece conditions on a tokenizer's pre-tokenizer and normalizer (as
+    JSON values) and its added tokens' contents."""
+    return (pre_state == _SAFE_PRE_TOKENIZER
+            and norm_state in (None, {"type": "Sequence", "normalizers": []})
+            and not any("\n" in c or "\r" in c for c in added_contents))
 
 
 class _JsonModel(msgspec.Struct):
@@ -183,10 +186,11 @@ def _vocab_size(tokenizer_json: bytes) -> int:
     else json_facts needs, ~0.01 s), so the count is kept in the cache beside
     tiktoken's ranks (a wrong one is caught by Engine.settle)."""
     path = tiktoken_bpe.cache_file("vocab-size", 1, tokenizer_json, ".txt")
-    try:
-        return int(path.read_bytes())
-    except (OSError, ValueError, AttributeError):  # (AttributeError: no cache)
-        pass
+    if path is not None:
+        try:
+            return int(path.read_bytes())
+        except (OSError, ValueError):
+            pass
     model = msgspec.json.decode(tokenizer_json, type=_JsonVocabDoc).model
     n = len(model.vocab) if model is not None else 0
     tiktoken_bpe.write_cache(path, str(n).encode())
@@ -219,9 +223,8 @@ def json_facts(tokenizer_json: bytes) -> JsonFacts | None:
                  for t in doc.added_tokens]
     except (msgspec.DecodeError, msgspec.ValidationError, KeyError, TypeError, ValueError):
         return None
-    if (doc.model is None or doc.model.type != "BPE" or doc.pre_tokenizer != _SAFE_PRE_TOKENIZER
-            or doc.normalizer not in (None, {"type": "Sequence", "normalizers": []})
-            or any("\n" in t.content or "\r" in t.content for t in added)):
+    if (doc.model is None or doc.model.type != "BPE"
+            or not _pieces_safe(doc.pre_tokenizer, doc.normalizer, [t.content for t in added])):
         return None
     ids = {t.content: t.id for t in added}
     if any(m not in ids for m in MARKERS.values()) or len(ids) != len(added):
@@ -388,6 +391,17 @@ class Engine:
     def _drop_tiktoken(self) -> None:
         self._tik, self._tik_wanted = None, False
 
+    def _stop_using(self, what: str) -> None:
+        """Turn a shortcut off for good (its cached pieces go too: they may hold its ids)."""
+        self._pieces.clear()
+        self._pieces_tokens = 0
+        if what == "tiktoken":
+            self._drop_tiktoken()
+        elif what == "line pieces":
+            self.split = False
+        else:
+            self._fast, self._fast_wanted = None, False
+
     def _reference(self, texts: list[str]) -> list[np.ndarray]:
         try:
             encs = self.tk.encode_batch_fast(texts, add_special_tokens=False)
@@ -439,8 +453,8 @@ class Engine:
         if not same and "tokenizer.json facts" not in self.late_failures:
             self.late_failures.append("tokenizer.json facts")
             print("tokenize: the tokenizer differs from what its tokenizer.json said", file=sys.stderr)
-            self.split, self._tik_wanted, self._fast_wanted = False, False, False
-            self._tik = self._fast = None
+            for what in ("tiktoken", "line pieces", "fastokens"):
+                self._stop_using(what)
         ref = iter(self._reference([t for _, texts, _ in self._deferred for t in texts]))  # one call
         for what, texts, got in self._deferred:
             want = list(itertools.islice(ref, len(texts)))
@@ -449,14 +463,7 @@ class Engine:
                 continue
             self._disagreed(what)
             self.late_failures.append(what)
-            self._pieces.clear()
-            self._pieces_tokens = 0
-            if what == "tiktoken":
-                self._drop_tiktoken()
-            elif what == "line pieces":
-                self.split = False
-            else:
-                self._fast, self._fast_wanted = None, False
+            self._stop_using(what)
         self._deferred = None  # (only now: a check that raised is run again by the next call)
         return self.late_failures
 

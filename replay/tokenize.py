@@ -442,8 +442,7 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
     """Make ``segments``/``prompts`` belong to ``tok``; True when old rows were cleared."""
     current = db.get_meta(con, "tokenizer")
     cleared = False
-    # "pending": a run stopped before its late checks were in (confirm_tokens)
-    if current != tok.name or db.get_meta(con, "tokens_checked") == "pending":
+    if current != tok.name or tokens_unchecked(con):
         has_rows = con.execute(
             "SELECT (SELECT count(*) FROM segments) + (SELECT count(*) FROM prompts)").fetchone()[0]
         if has_rows:
@@ -701,6 +700,12 @@ def _blob_prompts(assembled, blob_cache: "_BlobCache", keep: list[int], outputs:
         "output_seg_ids": _list_array(outputs, pa.uint64()),
         "output_n_tokens": pa.array(out_n, pa.int64()),
     })
+
+
+def tokens_unchecked(con) -> bool:
+    """The stage's rows wait for late checks that a run stopped before
+    (:func:`confirm_tokens`): the next run tokenizes them again."""
+    return db.get_meta(con, "tokens_checked") == "pending"
 
 
 def confirm_tokens(con, tok: Tok) -> bool:
