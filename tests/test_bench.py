@@ -35,6 +35,15 @@ def test_naive_equals_pipeline(logs, tmp_path):
     assert bench.same_results(pipe["rows"], nv["rows"])
     assert any(r["hit_tokens"] > 0 for r in pipe["rows"])
     assert pipe["unique_content_tokens"] < pipe["logical_prompt_tokens"]
+    # the stage times (the wait for the encoder's late checks among them) add up to the whole
+    parts = ("ingest_s", "tokenize_s", "replay_s", "check_s", "sweep_s", "close_s")
+    assert all(pipe[k] >= 0 for k in parts)
+    assert sum(pipe[k] for k in parts) == pytest.approx(pipe["pipeline_s"], abs=1e-6)
+    from replay import db
+
+    con = db.connect(tmp_path / "r.duckdb")
+    assert db.get_meta(con, "tokens_checked") == "yes"  # the rows were checked, not left pending
+    con.close()
 
 
 def test_same_results_notices_a_difference():
