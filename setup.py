@@ -1,9 +1,10 @@
-"""Builds the compiled trie (replay/_trie.pyx) and ingest's value hash
-(replay/_jsonhash.pyx); everything else is in pyproject.toml.
+"""Builds the compiled trie (replay/_trie.pyx), ingest's value hash
+(replay/_jsonhash.pyx) and the sweep's counts (replay/_sweep.pyx); everything
+else is in pyproject.toml.
 
 The extensions are optional: where they cannot be compiled, the install goes on,
-``replay.trie`` uses its Python implementation and ingest serializes values to
-hash them (same answers, slower)."""
+``replay.trie`` uses its Python implementation, ingest serializes values to
+hash them and the sweep counts with numpy (same answers, slower)."""
 
 from setuptools import Extension, setup
 
@@ -13,7 +14,8 @@ except ImportError:  # no Cython in the build environment: the Python trie only
     ext_modules = []
 else:
     ext_modules = cythonize([Extension("replay._trie", ["replay/_trie.pyx"], optional=True),
-                              Extension("replay._jsonhash", ["replay/_jsonhash.pyx"], optional=True)],
+                              Extension("replay._jsonhash", ["replay/_jsonhash.pyx"], optional=True),
+                              Extension("replay._sweep", ["replay/_sweep.pyx"], optional=True)],
                             compiler_directives={"language_level": 3}, quiet=True)
 
 setup(ext_modules=ext_modules)

@@ -1,19 +1,121 @@
 """The SQL sweep over stored walks against the brute-force sweep."""
 
 import math
+import os
+import shutil
 
+import numpy as np
 import polars as pl
 import pytest
 
 from replay import db, oracle
+from replay import sweep as sweep_module
 from replay.replay import MODES, replay_prompts, store_walks
-from replay.sweep import Grid, format_ttl, parse_ttl, sweep
+from replay.sweep import Grid, Walks, format_ttl, hit_counts, hit_counts_numpy, parse_ttl, sweep
 
 from gen import random_requests
 from test_trie import _prompts
 
 GRID = Grid(ttls=(0, 2, 5, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4),
             streams=("tenant", "key", "session", "global"))
+
+
+COMPILED = sweep_module._compiled_hit_counts
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def counts_engine(request, monkeypatch):
+    """Every test here runs with the compiled counts and with the numpy ones."""
+    if request.param == "compiled" and COMPILED is None:
+        pytest.skip("the compiled sweep counts are not built here")
+    monkeypatch.setattr(sweep_module, "_compiled_hit_counts", COMPILED if request.param == "compiled" else None)
+    return request.param
+
+
+def test_the_compiled_counts_are_built_where_a_compiler_is(counts_engine):
+    """`pip install` builds them whenever it can (the extension is optional, so a
+    failed build would otherwise go unnoticed, only slower)."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler here")
+    if os.environ.get("REPLAY_PURE_SWEEP"):
+        pytest.skip("REPLAY_PURE_SWEEP is set")
+    assert COMPILED is not None
+
+
+def _brute_counts(w: Walks, group, n_groups, grid: Grid):
+    """semantics.md written out request by request: L_τ the deepest step within
+    the TTL, floored to whole blocks, nothing below the minimum prefix."""
+    hits = np.zeros((n_groups, len(grid.ttls), len(grid.min_prefixes), len(grid.blocks)), dtype=np.int64)
+    nhit = np.zeros_like(hits)
+    for r in range(len(w.offsets) - 1):
+        steps = list(zip(w.gaps[w.offsets[r]:w.offsets[r + 1]], w.depths[w.offsets[r]:w.offsets[r + 1]]))
+        for ti, ttl in enumerate(grid.ttls):
+            L = max([d for g, d in steps if g <= ttl], default=0)
+            for bi, b in enumerate(grid.blocks):
+                h = (L // b) * b
+                for mi, m in enumerate(grid.min_prefixes):
+                    h_m = h if h >= m else 0
+                    hits[group[r], ti, mi, bi] += h_m
+                    nhit[group[r], ti, mi, bi] += h_m > 0
+    return hits, nhit
+
+
+def _random_walks(rng, n):
+    """Walks as the replay stores them: per request, gaps strictly increasing
+    (sometimes inf-free, sometimes 0 first) with depths strictly increasing; some
+    requests have no step at all."""
+    gaps, depths, offsets = [], [], [0]
+    for _ in range(n):
+        k = int(rng.integers(0, 5))
+        g = np.sort(rng.choice([0.0, 1.0, 2.0, 5.0, 30.0, 59.999, 60.0, 600.0, 7200.0], size=k, replace=False))
+        d = np.sort(rng.choice(np.arange(1, 3000), size=k, replace=False))
+        gaps += g.tolist()
+        depths += d.tolist()
+        offsets.append(offsets[-1] + k)
+    return Walks(mode=np.zeros(n, dtype=np.int64), stream=None, prompt_tokens=np.zeros(n, dtype=np.int64),
+                 offsets=np.asarray(offsets, dtype=np.int64), gaps=np.asarray(gaps, dtype=np.float64),
+                 depths=np.asarray(depths, dtype=np.int64))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_hit_counts_equal_the_definition_request_by_request(seed):
+    """Both engines against the definition, on walks with TTL boundaries (a gap equal
+    to a TTL is within it), partial blocks, depths equal to the minimum prefix,
+    requests without steps and groups without requests."""
+    rng = np.random.default_rng(seed)
+    w = _random_walks(rng, int(rng.integers(0, 60)))
+    n_groups = int(rng.integers(1, 7))
+    group = rng.integers(0, n_groups, size=len(w.offsets) - 1)
+    grid = Grid(ttls=(0.0, 1.0, 60.0, 600.0, math.inf), blocks=(1, 7, 16, 512, 5000),
+                min_prefixes=(0, 1, 16, 1024, 2999), streams=("global",))
+    want = _brute_counts(w, group, n_groups, grid)
+    got = hit_counts(w, group, n_groups, grid)
+    assert got[0].shape == want[0].shape and got[0].dtype == np.int64 and got[1].dtype == np.int64
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_the_compiled_and_the_numpy_counts_agree_on_a_large_random_grid():
+    if COMPILED is None:
+        pytest.skip("the compiled sweep counts are not built here")
+    rng = np.random.default_rng(99)
+    w = _random_walks(rng, 5000)
+    group = rng.integers(0, 40, size=5000)
+    grid = Grid(ttls=tuple(sorted(rng.choice([0.0, 1.0, 2.0, 5.0, 30.0, 60.0, 600.0, 7200.0, math.inf], 6,
+                                             replace=False))[::-1]),
+                blocks=(512, 1, 3, 64), min_prefixes=(2048, 0, 100), streams=("global",))
+    args = (w, np.asarray(group, dtype=np.int64), 40, np.asarray(grid.ttls), np.asarray(grid.blocks),
+            np.asarray(grid.min_prefixes))
+    a, b = COMPILED(w.offsets, w.gaps, w.depths, *args[1:]), hit_counts_numpy(*args)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[0].sum() > 0
+
+
+def test_hit_counts_refuse_a_group_out_of_range():
+    if COMPILED is None:
+        pytest.skip("the compiled sweep counts are not built here")
+    w = _random_walks(np.random.default_rng(1), 3)
+    with pytest.raises(ValueError, match="group"):
+        COMPILED(w.offsets, w.gaps, w.depths, np.array([0, 1, 2]), 2, np.array([1.0]), np.array([1]),
+                 np.array([0]))
 
 
 def _rounded(rows):
