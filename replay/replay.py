@@ -36,6 +36,7 @@ MODES = ("tenant", "key", "session", "global")
 VARIANTS = ("prompt", "prompt+output")
 MOONCAKE_BLOCK = 512
 RECENT_CONVERSATIONS = 512  # latest prompt kept per (tenant, session or key), to build the next one from
+WALKS_PER_INSERT = 2_000  # requests whose walks the replay stage holds before it stores them
 
 
 def stream_key(mode: str, tenant: str, key: str | None, session: str | None) -> str:
@@ -232,11 +233,16 @@ class ReplaySummary:
 
 
 def replay_prompts(prompts, modes=MODES, variants=("prompt",), horizon: float = math.inf,
-                   progress=None) -> dict[tuple[str, str], list]:
+                   progress=None, sink=None, flush_every: int = WALKS_PER_INSERT) -> dict[tuple[str, str], list]:
     """Pure core: walk prompts (already in processing order) and return, per
-    (variant, mode), the list of (request_id, stream, ts, n_tokens, gaps, depths)."""
+    (variant, mode), the list of (request_id, stream, ts, n_tokens, gaps, depths).
+
+    With ``sink``, those rows go to ``sink(rows)`` instead (the same dict, a part
+    of the log at a time: every ``flush_every`` requests and at the end), so
+    memory holds a part's rows rather than the whole log's; only ``_nodes`` is
+    returned then."""
     with _collector_paused():
-        return _replay_prompts(prompts, modes, variants, horizon, progress)
+        return _replay_prompts(prompts, modes, variants, horizon, progress, sink, flush_every)
 
 
 @contextmanager
@@ -255,11 +261,11 @@ def _collector_paused():
             gc.enable()
 
 
-def _replay_prompts(prompts, modes, variants, horizon: float, progress) -> dict:
+def _replay_prompts(prompts, modes, variants, horizon: float, progress, sink, flush_every: int) -> dict:
     tries: dict[tuple[str, str], dict[str, Trie]] = {(v, m): {} for v in variants for m in modes}
     out: dict[tuple[str, str], list] = {vm: [] for vm in tries}
     last_sweep = -math.inf
-    for p in prompts:
+    for walked, p in enumerate(prompts, 1):
         if horizon != math.inf and p.ts - last_sweep > horizon / 2:
             # A trie prunes itself when walked; streams that went quiet (a finished
             # session) are never walked again, so sweep them all now and then:
@@ -290,6 +296,13 @@ def _replay_prompts(prompts, modes, variants, horizon: float, progress) -> dict:
                                     [g for g, _ in steps], [d for _, d in steps]))
         if progress is not None:
             progress.update(1)
+        if sink is not None and walked % flush_every == 0:
+            sink(out)
+            out = {vm: [] for vm in tries}
+    if sink is not None:
+        if any(out.values()):
+            sink(out)
+        out = {}
     out["_nodes"] = {f"{v}/{m}": sum(t.nodes for t in st.values()) for (v, m), st in tries.items()}
     return out
 
@@ -298,6 +311,13 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.i
                  progress: bool = False) -> ReplaySummary:
     """Recompute `walks` for the given modes/variants from `requests` + `prompts`."""
     t0 = time.perf_counter()
+    # the walks are stored as they come (a part of the log at a time, so memory
+    # does not hold a week's rows): until the last part is in, the fingerprint
+    # says they are not current, so a failed or stopped replay is done again
+    con.execute("DELETE FROM meta WHERE key = 'replay_fingerprint'")
+    for v in variants:
+        for m in modes:
+            con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
     checkpoint = _background_checkpoint(con)
     try:
         n = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
@@ -307,13 +327,13 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.i
 
             bar = tqdm(total=n, desc="replay", unit="req", leave=False)
         with_output = "prompt+output" in variants
-        result = replay_prompts(iter_prompts(con, with_output=with_output), modes, variants, horizon, bar)
+        result = replay_prompts(iter_prompts(con, with_output=with_output), modes, variants, horizon, bar,
+                                sink=lambda rows: _insert_walks(con, rows), flush_every=WALKS_PER_INSERT)
         if bar is not None:
             bar.close()
     finally:
         checkpoint.join()  # (also on an error: the caller may close the connection next)
     nodes = result.pop("_nodes")
-    store_walks(con, result)
     db.set_meta(con, "replay_horizon", "inf" if horizon == math.inf else repr(horizon))
     db.set_meta(con, "replay_fingerprint", fingerprint(con))
     prompt_tokens = con.execute(
@@ -354,18 +374,27 @@ def store_walks(con, result: dict) -> None:
 
 
 def _store_walks(con, result: dict) -> None:
-    for (v, m), rows in result.items():
+    for v, m in result:
         con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
+    _insert_walks(con, result)
+
+
+def _insert_walks(con, result: dict) -> None:
+    """Add the rows of every (variant, mode) in ``result`` to `walks`, in one insert."""
+    parts = []
+    for (v, m), rows in result.items():
         if not rows:
             continue
         rid, stream, ts, ntok, gaps, depths = zip(*rows)
-        tbl = pa.table({
+        parts.append(pa.table({
             "variant": pa.array([v] * len(rows)), "mode": pa.array([m] * len(rows)),
             "request_id": pa.array(rid, pa.int64()), "stream": pa.array(stream),
             "ts": pa.array(ts, pa.float64()), "prompt_tokens": pa.array(ntok, pa.int64()),
             "gaps": pa.array(gaps, pa.list_(pa.float64())),
             "depths": pa.array(depths, pa.list_(pa.int64())),
-        })
+        }))
+    if parts:
+        tbl = pa.concat_tables(parts)  # noqa: F841
         con.execute("INSERT INTO walks SELECT * FROM tbl")  # DuckDB reads the Arrow table by name
 
 

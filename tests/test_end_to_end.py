@@ -226,3 +226,73 @@ def test_the_replay_checkpoints_the_tokenized_rows_beside_its_walks(tmp_path, mo
         walks.append(con.execute("SELECT mode, request_id, stream, gaps, depths FROM walks ORDER BY ALL").fetchall())
         con.close()
     assert walks[0] == walks[1] and len(walks[0]) > 100
+
+
+def test_the_replay_stores_its_walks_a_part_at_a_time_with_the_same_rows(tmp_path, monkeypatch):
+    """The stage hands the walks to DuckDB every WALKS_PER_INSERT requests (memory holds
+    a part's rows, not the log's): the same rows as one insert at the end, and no
+    part larger than asked for."""
+    from replay import db, pipeline
+    from replay import replay as replay_module
+    from replay.synth import generate
+
+    generate(tmp_path / "logs", seed=6, scale=0.3)
+    con = db.connect(tmp_path / "x.duckdb")
+    pipeline.ingest(con, [tmp_path / "logs"])
+    pipeline.tokenize(con)
+    query = "SELECT variant, mode, request_id, stream, ts, prompt_tokens, gaps, depths FROM walks ORDER BY ALL"
+    modes = ("tenant", "key", "global")
+    monkeypatch.setattr(replay_module, "WALKS_PER_INSERT", 10 ** 9)
+    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    whole = con.execute(query).fetchall()
+    n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    assert len(whole) == len(modes) * n and n > 50
+
+    sizes = []
+    insert = replay_module._insert_walks
+    monkeypatch.setattr(replay_module, "_insert_walks",
+                        lambda c, rows: (sizes.append([len(r) for r in rows.values()]), insert(c, rows)))
+    monkeypatch.setattr(replay_module, "WALKS_PER_INSERT", 7)
+    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    assert con.execute(query).fetchall() == whole
+    assert len(sizes) == -(-n // 7) and all(s == [7] * len(modes) for s in sizes[:-1])
+    assert replay_module.walks_current(con, modes, ("prompt",), 3600.0)
+
+
+def test_a_replay_stopped_part_way_is_not_current_and_is_redone(tmp_path, monkeypatch):
+    """Walks stored part by part: when the stage stops after some parts, the walks
+    are not current (the next prepare replays again) and a new run gives a clean
+    run's rows, none twice."""
+    from replay import db, pipeline
+    from replay import replay as replay_module
+    from replay.synth import generate
+
+    generate(tmp_path / "logs", seed=7, scale=0.3)
+    con = db.connect(tmp_path / "x.duckdb")
+    pipeline.ingest(con, [tmp_path / "logs"])
+    pipeline.tokenize(con)
+    modes = ("tenant", "global")
+    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    query = "SELECT variant, mode, request_id, stream, ts, prompt_tokens, gaps, depths FROM walks ORDER BY ALL"
+    clean = con.execute(query).fetchall()
+    assert replay_module.walks_current(con, modes, ("prompt",), 3600.0)
+
+    calls = []
+    insert = replay_module._insert_walks
+
+    def failing(c, rows):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # stopped by the user, part way
+        insert(c, rows)
+
+    monkeypatch.setattr(replay_module, "_insert_walks", failing)
+    monkeypatch.setattr(replay_module, "WALKS_PER_INSERT", 11)
+    with pytest.raises(KeyboardInterrupt):
+        replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    assert 0 < con.execute("SELECT count(*) FROM walks").fetchone()[0] < len(clean)
+    assert not replay_module.walks_current(con, modes, ("prompt",), 3600.0)
+
+    monkeypatch.setattr(replay_module, "_insert_walks", insert)
+    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    assert con.execute(query).fetchall() == clean
