@@ -813,10 +813,12 @@ def _give_back_memory() -> None:
     this process freed) what it had prepared, up to ~1.1 GB at a week, glibc
     would keep those pages."""
     import ctypes
-    import ctypes.util
 
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        # the symbols this process already has (libc among them), not
+        # ctypes.util.find_library: that runs `ldconfig -p` in a forked child,
+        # which for a moment shows this whole process's memory as its own
+        ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
 

@@ -771,3 +771,19 @@ def test_a_helper_runs_this_copy_of_the_package_whatever_the_working_directory(t
     proc = child.spawn("replay.child")  # a module this package has (it runs nothing)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
+
+
+def test_giving_memory_back_starts_no_process(monkeypatch):
+    """The encoder process trims its heap at settle without forking (find_library
+    ran `ldconfig -p` in a child that, for a moment, showed the encoder's whole
+    memory as its own: the bench's process-tree peak jumped by up to ~120 MB)."""
+    import subprocess
+
+    from replay import encoder
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("a process was started")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
+    monkeypatch.setattr(os, "fork", no_process)
+    encoder._give_back_memory()
