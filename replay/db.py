@@ -52,6 +52,13 @@ def set_meta(con, key: str, value: str) -> None:
     con.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value])
 
 
+def untokenized(con) -> int:
+    """Requests without a prompts row (Mooncake's block traces need none)."""
+    return con.execute("""
+        SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
+        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchone()[0]
+
+
 def arrow(con, sql: str, params=None):
     """Run a query and return a pyarrow Table."""
     rel = con.sql(sql, params=params) if params else con.sql(sql)

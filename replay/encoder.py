@@ -391,10 +391,13 @@ class Engine:
     def _drop_tiktoken(self) -> None:
         self._tik, self._tik_wanted = None, False
 
-    def _stop_using(self, what: str) -> None:
-        """Turn a shortcut off for good (its cached pieces go too: they may hold its ids)."""
+    def _clear_pieces(self) -> None:
         self._pieces.clear()
         self._pieces_tokens = 0
+
+    def _stop_using(self, what: str) -> None:
+        """Turn a shortcut off for good (its cached pieces go too: they may hold its ids)."""
+        self._clear_pieces()
         if what == "tiktoken":
             self._drop_tiktoken()
         elif what == "line pieces":
@@ -433,8 +436,7 @@ class Engine:
         """Let go of the piece cache and fastokens' tables, which only speed
         encoding up (fastokens is built again once enough more is encoded).
         tiktoken stays: its tables are small, and freeing them took ~0.1 s."""
-        self._pieces.clear()
-        self._pieces_tokens = 0
+        self._clear_pieces()
         if self._fast is not None and self._fast.done():
             self._fast = None  # (started again once enough more is encoded)
             self._encoded_chars = 0
@@ -471,8 +473,7 @@ class Engine:
         cut = [line_pieces(t) for t in texts]
         cache = self._pieces
         if self._pieces_tokens >= PIECE_CACHE_TOKENS:
-            cache.clear()
-            self._pieces_tokens = 0
+            self._clear_pieces()
         new = [p for p in dict.fromkeys(itertools.chain.from_iterable(cut)) if p not in cache]
         self.stats["pieces"] += sum(map(len, cut))
         self.stats["pieces_encoded"] += len(new)
@@ -484,12 +485,10 @@ class Engine:
         got = [c_ids[0] if len(c_ids) == 1 else np.concatenate(c_ids)
                for c_ids in ([cache[p] for p in c] for c in cut)]
         if not self._verify(texts, got, "tiktoken" if by_tiktoken else "line pieces"):
-            cache.clear()
-            self._pieces_tokens = 0
             if by_tiktoken:  # the newest shortcut goes first; the pieces are checked again without it
-                self._drop_tiktoken()
+                self._stop_using("tiktoken")
                 return self._by_pieces(texts)
-            self.split = False
+            self._stop_using("line pieces")
             return None
         return got
 

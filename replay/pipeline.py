@@ -61,16 +61,14 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon: float = math.inf,
             tokenizer=None, progress=False) -> dict:
     """Make sure prompts are tokenized and walks are current for these modes
     (``tokenizer``: a ``Tok``, a path, or None for the default)."""
-    from .tokenize import confirm_tokens, tokenize_stage, tokens_unchecked
+    from .tokenize import confirm_tokens, tokenize_needed, tokenize_stage
 
     def replay():
         return replay_stage(con, modes=tuple(modes), variants=tuple(variants), horizon=horizon,
                             progress=progress)
 
     done = {}
-    pending = con.execute("""
-        SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
-        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchall()[0][0] or tokens_unchecked(con)
+    pending = tokenize_needed(con)
     tok = _tok(tokenizer) if (pending or tokenizer) else None
     if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
         # the encoder's late checks run beside the replay; its rows are trusted only after them

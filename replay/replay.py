@@ -141,9 +141,7 @@ class SegmentStore:
 def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator[Prompt]:
     """All requests in processing order (time, then input order), as symbol arrays."""
     segs = SegmentStore(con)
-    missing = con.execute("""
-        SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
-        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchall()[0][0]
+    missing = db.untokenized(con)
     if missing:
         raise RuntimeError(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     out_col = "p.output_seg_ids" if with_output else "NULL"
@@ -315,9 +313,7 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon: float = math.i
     # does not hold a week's rows): until the last part is in, the fingerprint
     # says they are not current, so a failed or stopped replay is done again
     con.execute("DELETE FROM meta WHERE key = 'replay_fingerprint'")
-    for v in variants:
-        for m in modes:
-            con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
+    _delete_walks(con, [(v, m) for v in variants for m in modes])
     checkpoint = _background_checkpoint(con)
     try:
         n = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
@@ -374,9 +370,13 @@ def store_walks(con, result: dict) -> None:
 
 
 def _store_walks(con, result: dict) -> None:
-    for v, m in result:
-        con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
+    _delete_walks(con, result)
     _insert_walks(con, result)
+
+
+def _delete_walks(con, keys) -> None:
+    for v, m in keys:
+        con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
 
 
 def _insert_walks(con, result: dict) -> None:

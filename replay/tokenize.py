@@ -708,6 +708,11 @@ def tokens_unchecked(con) -> bool:
     return db.get_meta(con, "tokens_checked") == "pending"
 
 
+def tokenize_needed(con) -> bool:
+    """Requests are not tokenized yet, or their rows wait for late checks."""
+    return db.untokenized(con) > 0 or tokens_unchecked(con)
+
+
 def confirm_tokens(con, tok: Tok) -> bool:
     """Wait for the checks of the ids ``tok`` handed out (:meth:`Tok.verdict`).
     True when all agreed with the reference; otherwise the stage's rows are

@@ -290,12 +290,9 @@ def ceiling(con, ttl: float = 300, block: int = 16, min_prefix: int = 0, stream:
 
 def _prepare(con, stream: str, tokenizer) -> None:
     from .replay import replay_stage, walks_current
-    from .tokenize import tokenize_stage, tokens_unchecked
+    from .tokenize import tokenize_needed, tokenize_stage
 
-    pending = con.execute("""
-        SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
-        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchone()[0]
-    if pending or tokens_unchecked(con):
+    if tokenize_needed(con):
         tokenize_stage(con, _tokenizer(tokenizer))
     if not walks_current(con, (stream,), ("prompt",), math.inf):
         replay_stage(con, modes=(stream,), horizon=math.inf)

@@ -296,3 +296,24 @@ def test_a_replay_stopped_part_way_is_not_current_and_is_redone(tmp_path, monkey
     monkeypatch.setattr(replay_module, "_insert_walks", insert)
     replay_module.replay_stage(con, modes=modes, horizon=3600.0)
     assert con.execute(query).fetchall() == clean
+
+
+def test_what_is_still_to_tokenize_and_the_replay_refusing_it(tmp_path):
+    """One definition (db.untokenized, tokenize.tokenize_needed) for prepare, whatif
+    and the replay: requests without prompt rows, or rows waiting for late checks."""
+    from replay import db, pipeline
+    from replay.replay import replay_stage
+    from replay.synth import generate
+    from replay.tokenize import tokenize_needed
+
+    generate(tmp_path / "logs", seed=8, scale=0.2)
+    con = db.connect(tmp_path / "x.duckdb")
+    pipeline.ingest(con, [tmp_path / "logs"])
+    n = con.execute("SELECT count(*) FROM requests WHERE format <> 'mooncake'").fetchone()[0]
+    assert db.untokenized(con) == n > 0 and tokenize_needed(con)
+    with pytest.raises(RuntimeError, match=f"{n} requests are not tokenized yet"):
+        replay_stage(con, modes=("global",))
+    pipeline.tokenize(con)
+    assert db.untokenized(con) == 0 and not tokenize_needed(con)
+    db.set_meta(con, "tokens_checked", "pending")
+    assert tokenize_needed(con)
