@@ -13,9 +13,9 @@ try:
 except ImportError:  # no Cython in the build environment: the Python trie only
     ext_modules = []
 else:
-    ext_modules = cythonize([Extension("replay._trie", ["replay/_trie.pyx"], optional=True),
-                              Extension("replay._jsonhash", ["replay/_jsonhash.pyx"], optional=True),
-                              Extension("replay._sweep", ["replay/_sweep.pyx"], optional=True)],
+    ext_modules = cythonize([Extension("replay.core._trie", ["replay/core/_trie.pyx"], optional=True),
+                              Extension("replay.readers._jsonhash", ["replay/readers/_jsonhash.pyx"], optional=True),
+                              Extension("replay.core._hits", ["replay/core/_hits.pyx"], optional=True)],
                             compiler_directives={"language_level": 3}, quiet=True)
 
 setup(ext_modules=ext_modules)

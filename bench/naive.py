@@ -22,11 +22,11 @@ import os
 import time
 from bisect import bisect_right
 
-from replay.formats import Options, Reject, convert_record, detect_record
-from replay.ingest import expand_paths
-from replay.render import render_request, render_text
-from replay.replay import stream_key
-from replay.tokenize import load_tokenizer
+from replay.readers.formats import Options, Reject, convert_record, detect_record
+from replay.readers.ingest import expand_paths
+from replay.text.render import render_request, render_text
+from replay.core.replay import stream_key
+from replay.text.tokenize import load_tokenizer
 
 
 def _records(paths):

@@ -4,7 +4,7 @@
     python bench/pipeline.py --week --json              # ≈200,000 requests over 7 days
     python bench/pipeline.py --scaling --json           # same rate over 1× and 4× the duration
 
-Traffic comes from the sample generator (``replay.synth.generate``) with long
+Traffic comes from the sample generator (``replay.synth.generator.generate``) with long
 coding-agent sessions (``--turns``, median model calls per main session) and a
 small chat app (``--chat-share``), one generator call per day (seed + day), so a
 longer duration at the same rate is simply more days. Generation runs in its own
@@ -105,7 +105,7 @@ class _TreePeak:
 def stage_generate(out: str, requests: int, days: float, seed: int, turns: float,
                    chat_share: float) -> dict:
     """Write ~``requests`` over ``days`` days (one generator call per day) into ``out``."""
-    from replay.synth import generate
+    from replay.synth.generator import generate
 
     t0 = time.perf_counter()
     n_days = max(1, math.ceil(days - 1e-9))
@@ -129,25 +129,26 @@ def stage_generate(out: str, requests: int, days: float, seed: int, turns: float
 
 
 def _grid(ttls=TTLS):
-    from replay.sweep import Grid
+    from replay.core.sweep import Grid
 
     return Grid(ttls=tuple(ttls), blocks=BLOCKS, min_prefixes=MIN_PREFIXES, streams=STREAMS)
 
 
 def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
     """The real stages through the package API, timed one by one."""
-    import replay.ingest
-    from replay import db, pipeline
-    from replay.replay import replay_stage
+    import replay.readers.ingest
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core.replay import replay_stage
 
-    from replay.sweep import sweep
-    from replay.tokenize import confirm_tokens, load_tokenizer, tokenize_stage
+    from replay.core.sweep import sweep
+    from replay.text.tokenize import confirm_tokens, load_tokenizer, tokenize_stage
 
     grid = _grid(ttls)
     horizon = max(t for t in grid.ttls)
     con = db.connect(dbfile)
-    before = replay.ingest.DEFAULT_BODY_BLOBS
-    replay.ingest.DEFAULT_BODY_BLOBS = True  # content-addressed bodies (see bench/README.md)
+    before = replay.readers.ingest.DEFAULT_BODY_BLOBS
+    replay.readers.ingest.DEFAULT_BODY_BLOBS = True  # content-addressed bodies (see bench/README.md)
     try:
         tree = _TreePeak()
         t0, c0 = time.perf_counter(), time.process_time()
@@ -155,7 +156,7 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         ing = pipeline.ingest(con, [logs], tokenizer=tokenizer)
         t1, c1 = time.perf_counter(), time.process_time()
     finally:
-        replay.ingest.DEFAULT_BODY_BLOBS = before
+        replay.readers.ingest.DEFAULT_BODY_BLOBS = before
     peak = {"ingest": _peak_rss_mb()}  # max RSS so far: which stage sets the peak
     # as pipeline.prepare: the encoder's late checks run beside the replay, and are waited for after it
     tok = tokenize_stage(con, tokenizer, check=False)

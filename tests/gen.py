@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from replay.oracle import OracleRequest
+from replay.core.oracle import OracleRequest
 
 
 def random_requests(seed: int, n: int, alphabet: int = 5, max_len: int = 40,

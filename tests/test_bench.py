@@ -39,7 +39,7 @@ def test_naive_equals_pipeline(logs, tmp_path):
     parts = ("ingest_s", "tokenize_s", "replay_s", "check_s", "sweep_s", "close_s")
     assert all(pipe[k] >= 0 for k in parts)
     assert sum(pipe[k] for k in parts) == pytest.approx(pipe["pipeline_s"], abs=1e-6)
-    from replay import db
+    from replay.store import db
 
     con = db.connect(tmp_path / "r.duckdb")
     assert db.get_meta(con, "tokens_checked") == "yes"  # the rows were checked, not left pending

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from replay import db
-from replay.ingest import ingest
-from replay.synth import generate
-from replay.tokenize import load_prompt_tokens, load_tokenizer, tokenize_stage
+from replay.store import db
+from replay.readers.ingest import ingest
+from replay.synth.generator import generate
+from replay.text.tokenize import load_prompt_tokens, load_tokenizer, tokenize_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAJ = sorted(glob.glob("/work/shared/data/mini-swe-agent-deepseek/*/*.traj.json*")) or sorted(
@@ -64,14 +64,14 @@ def test_sample_blobs_equal_inline(tok):
 def test_long_agent_sessions_blobs_equal_inline(tmp_path, tok, monkeypatch, memo_entries, value_hash):
     """Also with a tiny key memo, so its generations turn over all the time, and
     with the key memo keyed by serializing (no compiled value hash)."""
-    import replay.ingest
+    import replay.readers.ingest
 
     if memo_entries is not None:
-        monkeypatch.setattr(replay.ingest, "KEY_MEMO_ENTRIES", memo_entries)
+        monkeypatch.setattr(replay.readers.ingest, "KEY_MEMO_ENTRIES", memo_entries)
     if not value_hash:
-        monkeypatch.setattr(replay.ingest, "item_hashes", None)
-    elif replay.ingest.item_hashes is None:
-        pytest.skip("replay._jsonhash is not built here")
+        monkeypatch.setattr(replay.readers.ingest, "item_hashes", None)
+    elif replay.readers.ingest.item_hashes is None:
+        pytest.skip("replay.readers._jsonhash is not built here")
     generate(tmp_path, seed=3, scale=0.5, days=1, turns=20, chat_share=0.3)
     _, con_b = _same([str(tmp_path)], tok)
     assert con_b.execute("SELECT count(*) - count(DISTINCT blob_id) FROM blobs").fetchone()[0] == 0
@@ -142,7 +142,8 @@ def test_separate_runs_never_duplicate_blobs_or_segments(tmp_path):
     across separate connections and files that share almost all their content."""
     from pathlib import Path
 
-    from replay import db, pipeline
+    from replay.store import db
+    from replay import api as pipeline
 
     src = Path(__file__).resolve().parents[1] / "data" / "sample" / "agent-anthropic.jsonl"
     lines = src.read_text().splitlines(keepends=True)
@@ -163,7 +164,7 @@ def test_blobs_found_by_first_request_and_otherwise(tmp_path, tok):
     """Tokenize reads a chunk's new blobs by their first request (a range); blobs
     first held by requests outside it — an earlier file, a database from before
     that column — are found all the same, and the prompts do not change."""
-    from replay.synth import generate as gen
+    from replay.synth.generator import generate as gen
 
     gen(tmp_path / "logs", seed=4, scale=0.4)
     files = sorted(str(p) for p in (tmp_path / "logs").glob("*.jsonl"))
@@ -192,7 +193,7 @@ def test_body_texts_are_stored_with_zstd_and_read_back_the_same(tmp_path, monkey
     """db.connect asks DuckDB for zstd on strings (smaller file, cheaper checkpoints);
     the bodies read back after a reopen are those of a database with DuckDB's own
     choice of compression."""
-    from replay import pipeline
+    from replay import api as pipeline
 
     src = Path(__file__).resolve().parents[1] / "data" / "sample"
     bodies = {}
@@ -232,16 +233,16 @@ def test_value_hash_equal_exactly_when_orjson_writes_the_same():
 
     import orjson
 
-    import replay.ingest
+    import replay.readers.ingest
 
-    if replay.ingest.item_hashes is None:
-        pytest.skip("replay._jsonhash is not built here")
+    if replay.readers.ingest.item_hashes is None:
+        pytest.skip("replay.readers._jsonhash is not built here")
     rng = random.Random(5)
     values = [_json_values(rng) for _ in range(3000)]
     values += [{"b": 1, "a": 2}, {"a": 2, "b": 1}, [[1], 2], [1, [2]], [1, 2], {"a": [1.0]}, {"a": [1]}]
     copies = [orjson.loads(orjson.dumps(v)) for v in values]  # the same content, new objects
-    hashes = replay.ingest.item_hashes(values)
-    assert hashes == replay.ingest.item_hashes(copies)
+    hashes = replay.readers.ingest.item_hashes(values)
+    assert hashes == replay.readers.ingest.item_hashes(copies)
     by_hash: dict[int, set] = {}
     for h, v in zip(hashes, values):
         by_hash.setdefault(h, set()).add(orjson.dumps(v))
@@ -250,17 +251,17 @@ def test_value_hash_equal_exactly_when_orjson_writes_the_same():
     assert len(by_hash) > 1000
     # what it has no hash for: the caller serializes instead
     for odd in (2**64, [1, 2**70], {1: "a"}, (1, 2), {"a": {"b": object()}}):
-        assert replay.ingest.item_hashes([{"x": 1}, odd]) is None
+        assert replay.readers.ingest.item_hashes([{"x": 1}, odd]) is None
 
 
 def test_the_value_hash_is_built_where_a_compiler_is():
     import shutil
 
-    import replay.ingest
+    import replay.readers.ingest
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here")
-    assert replay.ingest.item_hashes is not None
+    assert replay.readers.ingest.item_hashes is not None
 
 
 def test_prepared_parts_whose_segments_did_not_all_come_are_left_out():
@@ -270,8 +271,8 @@ def test_prepared_parts_whose_segments_did_not_all_come_are_left_out():
     and the others keep their own segments and parts."""
     import numpy as np
 
-    from replay.encoder import PreparedBlobs
-    from replay.tokenize import _BlobCache, _SegmentStore
+    from replay.text.encoder import PreparedBlobs
+    from replay.text.tokenize import _BlobCache, _SegmentStore
 
     class FakeTok:  # hands over the tokens of every segment but 22
         def take_segments(self, seg_ids):

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from replay.cli import main
+from replay.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
@@ -90,7 +90,10 @@ def test_whatif_prices_fixes_with_the_shipped_price_table(tmp_path):
 
 
 def test_report_survives_a_failing_section_and_bounds_the_why_miss_work(tmp_path, monkeypatch):
-    from replay import db, diagnose, pipeline, report
+    from replay.store import db
+    from replay.analysis import diagnose
+    from replay import api as pipeline
+    from replay.analysis import report
 
     con = db.connect(tmp_path / "r.duckdb")
     pipeline.ingest(con, [str(SAMPLE)])

@@ -28,8 +28,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from replay import db, pipeline
-from replay.diagnose import PARTS, diagnose, diff_view, miss_parts, why_miss_section
+from replay.store import db
+from replay import api as pipeline
+from replay.analysis.diagnose import PARTS, diagnose, diff_view, miss_parts, why_miss_section
 
 WORDS = ("the cache prefix token request stream tenant session model agent tool result file "
          "function value error build test deploy query table index branch commit review plan "
@@ -217,7 +218,7 @@ def test_parts_add_up_exactly(planted, ttl, block, m, stream):
     _check_additive(df)
     assert len(df) == con.execute("SELECT count(*) FROM requests").fetchone()[0]
     # the structural parts follow the walks and the sweep
-    from replay.sweep import Grid, sweep
+    from replay.core.sweep import Grid, sweep
 
     s = sweep(con, Grid(ttls=(ttl,), blocks=(block,), min_prefixes=(m,), streams=(stream,)), store=False)
     assert int(df["hit"].sum()) == s["hit_tokens"][0]
@@ -272,7 +273,7 @@ def test_why_miss_section(planted, tmp_path):
 
 
 def test_synth_truth_recall_and_false_blame(tmp_path):
-    synth = pytest.importorskip("replay.synth")
+    synth = pytest.importorskip("replay.synth.generator")
     res = synth.generate(tmp_path / "s", seed=3, scale=1.0)
     con = db.connect(None)
     pipeline.ingest(con, [p for p in res.files.values()])
@@ -305,7 +306,7 @@ def test_synth_truth_every_planted_cause_is_found(tmp_path):
     requests (after the first of their session) are not blamed."""
     from collections import Counter
 
-    from replay import synth as _synth
+    from replay.synth import generator as _synth
 
     res = _synth.generate(tmp_path / "logs", seed=7)
     con = db.connect(None)

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from replay import economics as ec
-from replay.oracle import OracleRequest as R
+from replay.providers import economics as ec
+from replay.core.oracle import OracleRequest as R
 
 from test_profiles import make_db
 

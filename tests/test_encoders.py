@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay import db, encoder, tiktoken_bpe
-from replay.render import MARKERS
-from replay.tokenize import _deepseek_tokenizer_json, load_prompt_tokens, load_tokenizer, tokenize_stage
+from replay.store import db
+from replay.text import encoder
+from replay.text import tiktoken_bpe
+from replay.text.render import MARKERS
+from replay.text.tokenize import _deepseek_tokenizer_json, load_prompt_tokens, load_tokenizer, tokenize_stage
 
 from test_render_tokenize import add_requests, agent_bodies, make_local_tokenizer  # noqa: E402
 
@@ -514,7 +516,7 @@ def test_a_failed_late_check_tokenizes_and_replays_again_with_the_reference_alon
     """The pipeline trusts the tokenize stage's rows only after the late checks
     (which run beside the replay); when one fails, both stages run again with the
     reference alone, and the results are the reference's."""
-    from replay import pipeline
+    from replay import api as pipeline
 
     bodies = agent_bodies(10)
     want = db.connect(tmp_path / "want.duckdb")
@@ -541,7 +543,7 @@ def test_a_failed_late_check_tokenizes_and_replays_again_with_the_reference_alon
 def test_rows_left_unchecked_are_tokenized_again(tmp_path):
     """A run that stopped after the tokenize stage but before its late checks
     leaves its rows marked unchecked; the next run tokenizes them again."""
-    from replay import pipeline
+    from replay import api as pipeline
 
     con = db.connect(tmp_path / "t.duckdb")
     add_requests(con, [{"body": b} for b in agent_bodies(6)])
@@ -555,7 +557,7 @@ def test_rows_left_unchecked_are_tokenized_again(tmp_path):
     assert db.get_meta(con, "tokens_checked") == "yes"
     assert con.execute("SELECT request_id, n_tokens, seg_ids FROM prompts ORDER BY request_id").fetchall() == rows
     assert "tokenize" not in pipeline.prepare(con)  # checked: nothing to do
-    from replay import whatif
+    from replay.analysis import whatif
 
     add_requests(con, [{"body": b} for b in agent_bodies(3)])
     with load_tokenizer() as tok:  # the what-if path redoes unchecked rows too
@@ -601,8 +603,8 @@ def take_blobs(tok, blob_ids) -> dict:
 
 
 def test_warmed_parts_are_prepared_ahead(ref_tk):
-    from replay.render import render_part
-    from replay.segids import piece_seg_id
+    from replay.text.render import render_part
+    from replay.text.segids import piece_seg_id
 
     msgs = [{"role": "user", "content": f"question {i}\nwith a second line"} for i in range(30)]
     with load_tokenizer() as tok:
@@ -686,8 +688,8 @@ def test_tokenize_stage_tables_identical_whatever_encodes(tmp_path):
 def test_tokenize_after_a_warmed_ingest_gives_the_same_rows(tmp_path):
     """Parts prepared by the encoder process while ingesting (the `replay run` path)
     give exactly the rows the tokenize stage computes on its own."""
-    from replay import pipeline
-    from replay.synth import generate
+    from replay import api as pipeline
+    from replay.synth.generator import generate
 
     logs = tmp_path / "logs"
     generate(logs, seed=5, scale=0.5)
@@ -758,7 +760,7 @@ def test_the_child_exits_cleanly_when_its_input_closes():
 def test_a_helper_runs_this_copy_of_the_package_whatever_the_working_directory(tmp_path, monkeypatch):
     """``python -m`` would put the working directory first on the path: started in
     another checkout, the parent would talk to that checkout's helper."""
-    from replay import child
+    from replay.text import child
 
     fake = tmp_path / "replay"
     fake.mkdir()
@@ -768,7 +770,7 @@ def test_a_helper_runs_this_copy_of_the_package_whatever_the_working_directory(t
     proc = child.spawn("replay.whoami")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0 and b"other checkout" not in out  # this package has no such module
-    proc = child.spawn("replay.child")  # a module this package has (it runs nothing)
+    proc = child.spawn("replay.text.child")  # a module this package has (it runs nothing)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
 
@@ -779,7 +781,7 @@ def test_giving_memory_back_starts_no_process(monkeypatch):
     memory as its own: the bench's process-tree peak jumped by up to ~120 MB)."""
     import subprocess
 
-    from replay import encoder
+    from replay.text import encoder
 
     def no_process(*args, **kwargs):
         raise AssertionError("a process was started")

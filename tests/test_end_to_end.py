@@ -7,8 +7,8 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from replay import oracle
-from replay.cli import main
+from replay.core import oracle
+from replay.cli.main import main
 
 from gen import random_requests
 
@@ -81,9 +81,11 @@ def test_sweep_with_empty_prompts_and_boundary_ties(tmp_path):
 def test_sweep_on_chat_logs_equals_oracle_over_their_tokens(tmp_path):
     """Anthropic and OpenAI logs: after rendering and tokenizing, the sweep equals the
     brute-force definition applied to the very token sequences the pipeline built."""
-    from replay import db, pipeline, synth
-    from replay.sweep import Grid
-    from replay.tokenize import load_prompt_tokens
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.synth import generator as synth
+    from replay.core.sweep import Grid
+    from replay.text.tokenize import load_prompt_tokens
 
     synth.generate(tmp_path / "logs", seed=11, scale=0.5)
     con = db.connect(tmp_path / "c.duckdb")
@@ -106,10 +108,11 @@ def test_replay_prompts_equal_the_tokenized_prompts(tmp_path):
     every prompt must still be exactly its segments' tokens."""
     import numpy as np
 
-    from replay import db, pipeline
-    from replay.replay import iter_prompts
-    from replay.synth import generate
-    from replay.tokenize import load_prompt_tokens
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core.replay import iter_prompts
+    from replay.synth.generator import generate
+    from replay.text.tokenize import load_prompt_tokens
 
     generate(tmp_path / "logs", seed=11, scale=0.5)
     con = db.connect(tmp_path / "x.duckdb")
@@ -130,9 +133,10 @@ def test_walks_are_the_same_without_the_shared_prefix_shortcut(tmp_path, monkeyp
     modes), the walks must be those of the plain walk."""
     import random
 
-    from replay import db, pipeline
-    from replay.replay import SegmentStore, replay_stage
-    from replay.synth import generate
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core.replay import SegmentStore, replay_stage
+    from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=seed, scale=0.5, hours=6)
     con = db.connect(tmp_path / "x.duckdb")
@@ -171,9 +175,10 @@ def test_time_ordered_chunks_give_every_request_once_in_processing_order(tmp_pat
     (ts, request_id) order, each once, with the row's own columns."""
     import numpy as np
 
-    from replay import db, pipeline
-    from replay.replay import iter_prompts, time_ordered_chunks
-    from replay.synth import generate
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core.replay import iter_prompts, time_ordered_chunks
+    from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=5, scale=0.5)
     con = db.connect(tmp_path / "x.duckdb")
@@ -200,9 +205,10 @@ def test_the_replay_checkpoints_the_tokenized_rows_beside_its_walks(tmp_path, mo
     """replay_stage starts a CHECKPOINT in a thread (what the tokenize stage wrote
     is still in the write-ahead log). Inside a caller's transaction that has
     written already, the stage neither waits for it nor changes its walks."""
-    from replay import db, pipeline
-    from replay.replay import replay_stage
-    from replay.synth import generate
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core.replay import replay_stage
+    from replay.synth.generator import generate
 
     monkeypatch.setenv("REPLAY_DUCKDB_CHECKPOINT", "1GB")  # no checkpoint of DuckDB's own in between
     generate(tmp_path / "logs", seed=4, scale=0.3)
@@ -232,9 +238,10 @@ def test_the_replay_stores_its_walks_a_part_at_a_time_with_the_same_rows(tmp_pat
     """The stage hands the walks to DuckDB every WALKS_PER_INSERT requests (memory holds
     a part's rows, not the log's): the same rows as one insert at the end, and no
     part larger than asked for."""
-    from replay import db, pipeline
-    from replay import replay as replay_module
-    from replay.synth import generate
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core import replay as replay_module
+    from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=6, scale=0.3)
     con = db.connect(tmp_path / "x.duckdb")
@@ -263,9 +270,10 @@ def test_a_replay_stopped_part_way_is_not_current_and_is_redone(tmp_path, monkey
     """Walks stored part by part: when the stage stops after some parts, the walks
     are not current (the next prepare replays again) and a new run gives a clean
     run's rows, none twice."""
-    from replay import db, pipeline
-    from replay import replay as replay_module
-    from replay.synth import generate
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core import replay as replay_module
+    from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=7, scale=0.3)
     con = db.connect(tmp_path / "x.duckdb")
@@ -301,10 +309,11 @@ def test_a_replay_stopped_part_way_is_not_current_and_is_redone(tmp_path, monkey
 def test_what_is_still_to_tokenize_and_the_replay_refusing_it(tmp_path):
     """One definition (db.untokenized, tokenize.tokenize_needed) for prepare, whatif
     and the replay: requests without prompt rows, or rows waiting for late checks."""
-    from replay import db, pipeline
-    from replay.replay import replay_stage
-    from replay.synth import generate
-    from replay.tokenize import tokenize_needed
+    from replay.store import db
+    from replay import api as pipeline
+    from replay.core.replay import replay_stage
+    from replay.synth.generator import generate
+    from replay.text.tokenize import tokenize_needed
 
     generate(tmp_path / "logs", seed=8, scale=0.2)
     con = db.connect(tmp_path / "x.duckdb")

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from replay import db
-from replay.formats import BASH_TOOL, Reject, parse_ts
-from replay.ingest import IngestSummary, expand_paths, ingest, summary_text
+from replay.store import db
+from replay.readers.formats import BASH_TOOL, Reject, parse_ts
+from replay.readers.ingest import IngestSummary, expand_paths, ingest, summary_text
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if not DATA.exists():
@@ -408,7 +408,7 @@ def slow_hash(request, monkeypatch):
     """A file is loaded while its hash is computed beside it. A slow hash makes
     every file take that optimistic path; otherwise small files are hashed first."""
     if request.param:
-        import replay.ingest as ingest_mod
+        import replay.readers.ingest as ingest_mod
 
         real = ingest_mod._sha256
 
@@ -441,7 +441,7 @@ def test_same_content_twice_in_one_run(con, tmp_path, slow_hash):
 
 
 def test_file_vanishing_before_it_is_read(con, tmp_path, monkeypatch, slow_hash):
-    import replay.ingest as ingest_mod
+    import replay.readers.ingest as ingest_mod
 
     good = write_jsonl(tmp_path / "good.jsonl", [anthropic_wrapped()])
     gone = str(tmp_path / "gone.jsonl")
@@ -643,8 +643,8 @@ def test_inside_caller_transaction(con, tmp_path):
 
 
 def test_directories_skip_underscore_and_hidden_files(tmp_path):
-    from replay import db
-    from replay.ingest import expand_paths, ingest
+    from replay.store import db
+    from replay.readers.ingest import expand_paths, ingest
 
     (tmp_path / "a.jsonl").write_text('{"ts": 1, "tenant": "t", "tokens": [1, 2]}\n')
     (tmp_path / "_truth.jsonl").write_text('{"not": "a request"}\n')
@@ -703,8 +703,8 @@ def _same_value(a, b) -> bool:
 def test_fast_parser_reads_what_the_standard_parser_reads():
     import random
 
-    from replay.formats import JSONDecodeError, loads, loads_fast
-    from replay.ingest import _parse_line
+    from replay.readers.formats import JSONDecodeError, loads, loads_fast
+    from replay.readers.ingest import _parse_line
 
     rng = random.Random(0)
     refused = 0
@@ -729,8 +729,8 @@ def test_blob_text_equals_the_standard_serialization():
 
     import orjson
 
-    from replay.formats import compact_dumps
-    from replay.ingest import _text, _text_of
+    from replay.readers.formats import compact_dumps
+    from replay.readers.ingest import _text, _text_of
 
     rng = random.Random(1)
     for _ in range(20_000):
@@ -757,7 +757,7 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
     before it committed, it and the ones after not at all; the next run loads them."""
     import duckdb
 
-    import replay.ingest as ingest_mod
+    import replay.readers.ingest as ingest_mod
 
     paths = [write_jsonl(tmp_path / f"{n}.jsonl", [anthropic_wrapped(ts=10 * k + i) for i in range(3)])
              for k, n in enumerate("abc")]

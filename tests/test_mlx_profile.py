@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from replay.profiles_mlx import ideal_lcp, simulate_mlx
+from replay.providers.mlx_cache import ideal_lcp, simulate_mlx
 
 
 # ----------------------------------------------------------------- brute-force oracle

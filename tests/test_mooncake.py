@@ -6,8 +6,9 @@ import math
 
 import pytest
 
-from replay import db, pipeline
-from replay.sweep import Grid
+from replay.store import db
+from replay import api as pipeline
+from replay.core.sweep import Grid
 
 
 def independent_block_ceiling(path) -> tuple[int, int]:

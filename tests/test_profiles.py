@@ -10,13 +10,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from replay import db, oracle
-from replay.profiles import (
+from replay.store import db
+from replay.core import oracle
+from replay.providers.profiles import (
     PROFILES, AnthropicRequest, anthropic_layout, get_profile, list_profiles, openai_round,
     profile_for_model, profile_sweep, request_hits, simulate_anthropic,
 )
-from replay.render import render_request
-from replay.sweep import Grid, sweep
+from replay.text.render import render_request
+from replay.core.sweep import Grid, sweep
 
 from gen import random_requests
 from test_mlx_profile import oracle as mlx_oracle

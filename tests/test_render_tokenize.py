@@ -11,8 +11,8 @@ import zlib
 import numpy as np
 import pytest
 
-from replay import db
-from replay.render import (
+from replay.store import db
+from replay.text.render import (
     DEFAULT_IMAGE_TOKENS,
     MARKERS,
     cache_breakpoints,
@@ -22,7 +22,7 @@ from replay.render import (
     render_request,
     render_text,
 )
-from replay.tokenize import (
+from replay.text.tokenize import (
     Tok,
     _deepseek_tokenizer_json,
     image_seg_id,
@@ -466,7 +466,7 @@ def test_a_failed_commit_keeps_the_chunks_before_it_and_a_rerun_completes(tok, m
     (db.Deferred). When one fails, the stage raises it; the chunks
     committed before stay, that chunk's rows are not there, and running the
     stage again gives what a run without the failure gives."""
-    import replay.tokenize as rt
+    import replay.text.tokenize as rt
 
     def requests(con):
         add_requests(con, [{"body": b} for b in agent_bodies(6)]

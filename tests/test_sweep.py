@@ -8,10 +8,11 @@ import numpy as np
 import polars as pl
 import pytest
 
-from replay import db, oracle
-from replay import sweep as sweep_module
-from replay.replay import MODES, replay_prompts, store_walks
-from replay.sweep import Grid, Walks, format_ttl, hit_counts, hit_counts_numpy, parse_ttl, sweep
+from replay.store import db
+from replay.core import oracle
+from replay.core import sweep as sweep_module
+from replay.core.replay import MODES, replay_prompts, store_walks
+from replay.core.sweep import Grid, Walks, format_ttl, hit_counts, hit_counts_numpy, parse_ttl, sweep
 
 from gen import random_requests
 from test_trie import _prompts
@@ -154,7 +155,7 @@ def test_by_stream_rows_add_up_to_the_aggregate():
 def test_by_stream_rows_equal_the_oracle_on_each_stream_alone(seed):
     """A stream's hits depend on its own requests only: each by-stream row is the
     brute-force sweep of that stream's requests."""
-    from replay.replay import stream_key
+    from replay.core.replay import stream_key
 
     reqs = random_requests(40 + seed, n=25 + 5 * seed)
     con = db.connect(None)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from replay import synth
-from replay.synth import CAUSES, generate
+from replay.synth import generator as synth
+from replay.synth.generator import CAUSES, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
@@ -205,7 +205,7 @@ def test_truth_consistent_with_prompts(default):
 
 
 def test_truth_agrees_with_renderer(default):
-    render = pytest.importorskip("replay.render")
+    render = pytest.importorskip("replay.text.render")
     recs, truth = _load(default)
     for t in truth:
         if t["first_in_session"]:

@@ -1,7 +1,7 @@
 """The trie walk against the brute-force definition (semantics.md).
 
 Every test here runs twice: with the compiled trie (replay/_trie.pyx) and with
-the Python one (replay.trie.PythonTrie)."""
+the Python one (replay.core.trie.PythonTrie)."""
 
 import math
 import shutil
@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from replay import oracle
-from replay import replay as replay_module
-from replay import trie as trie_module
-from replay.replay import MODES, Prompt, mooncake_symbols, replay_prompts
-from replay.trie import hit_length
+from replay.core import oracle
+from replay.core import replay as replay_module
+from replay.core import trie as trie_module
+from replay.core.replay import MODES, Prompt, mooncake_symbols, replay_prompts
+from replay.core.trie import hit_length
 
 from gen import random_requests
 

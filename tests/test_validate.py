@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("mlx_lm")
 
-from replay import db  # noqa: E402
-from replay import validate as V  # noqa: E402
-from replay.mlx_model import build_random_model, raw_messages  # noqa: E402
+from replay.store import db  # noqa: E402
+from replay.validate import check as V  # noqa: E402
+from replay.validate.mlx_model import build_random_model, raw_messages  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 
@@ -57,7 +57,7 @@ def synthetic_db(n_sessions: int = 3, turns: int = 5, seed: int = 0, words: int 
     for i, (ts, sess, body) in enumerate(rows):
         con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts, tenant, session, body) "
                     "VALUES (?,?,?,?,?,?,?,?)", [i, 1, i + 1, "anthropic", ts, "default", sess, body])
-    from replay.tokenize import load_tokenizer, tokenize_stage
+    from replay.text.tokenize import load_tokenizer, tokenize_stage
     tokenize_stage(con, load_tokenizer())
     return con
 
@@ -96,15 +96,15 @@ def _no_server_for(model_dir: str) -> bool:
 def test_chat_template_renders_the_neutral_template(model_dir):
     from mlx_lm.utils import load_tokenizer
 
-    from replay.render import render_request
-    from replay.tokenize import load_tokenizer as replay_tok
+    from replay.text.render import render_request
+    from replay.text.tokenize import load_tokenizer as replay_tok
 
     tok = load_tokenizer(__import__("pathlib").Path(model_dir))
     rt = replay_tok()
     con = synthetic_db(turns=3)
     for (body,) in con.execute("SELECT body FROM request_bodies").fetchall():
         pieces = render_request(json.loads(body), "anthropic")
-        from replay.render import render_text
+        from replay.text.render import render_text
         ours = rt.encode(render_text(pieces))
         theirs = tok.apply_chat_template(raw_messages(pieces), add_generation_prompt=True)
         assert theirs == ours

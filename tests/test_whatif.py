@@ -7,9 +7,10 @@ import math
 
 import pytest
 
-from replay import db, pipeline
-from replay.sweep import Grid
-from replay.whatif import FIXES, normalize_body, normalized_copy, whatif
+from replay.store import db
+from replay import api as pipeline
+from replay.core.sweep import Grid
+from replay.analysis.whatif import FIXES, normalize_body, normalized_copy, whatif
 
 from test_diagnose import planted_logs
 
@@ -115,7 +116,7 @@ def test_normalized_copy_reuses_segments(logs):
 
 def test_whatif_money(logs):
     con, _ = logs
-    from replay.economics import Price
+    from replay.providers.economics import Price
 
     price = Price("test-model", input=3.0, cache_read=0.3, cache_write_5m=3.75, cache_write_1h=6.0, output=15.0)
     res = whatif(con, ["strip-rotating-header"], prices=price)

@@ -31,11 +31,11 @@ import orjson
 import zstandard
 
 try:  # compiled beside the trie (setup.py); without it, values are serialized to be hashed
-    from ._jsonhash import item_hashes
+    from replay.readers._jsonhash import item_hashes
 except ImportError:  # pragma: no cover - an install without a compiler
     item_hashes = None
-from . import db
-from .formats import (
+from replay.store import db
+from replay.readers.formats import (
     FORMATS,
     TIME_UNITS,
     Options,

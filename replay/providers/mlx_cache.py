@@ -39,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .trie import common_prefix_len
+from replay.core.trie import common_prefix_len
 
 
 lcp = common_prefix_len  # longest common prefix of two token arrays

@@ -200,7 +200,7 @@ Trie = PythonTrie
 COMPILED = False
 if os.environ.get("REPLAY_PURE_TRIE", "") != "1":
     try:
-        from ._trie import Trie  # noqa: F811
+        from replay.core._trie import Trie  # noqa: F811
         COMPILED = True
     except ImportError:  # not built here (no compiler at install): the Python trie
         pass

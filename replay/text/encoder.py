@@ -70,9 +70,11 @@ from typing import Sequence
 import msgspec
 import numpy as np
 
-from . import child, segids, tiktoken_bpe
-from .formats import loads
-from .render import MARKERS, render_part
+from replay.text import child
+from replay.text import segids
+from replay.text import tiktoken_bpe
+from replay.readers.formats import loads
+from replay.text.render import MARKERS, render_part
 
 BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
 BACKENDS = ("auto", "tokenizers", "tiktoken", "fastokens")
@@ -565,7 +567,7 @@ class EncoderProcess:
     """
 
     def __init__(self, path: str | Path, backend: str, fast_from_file: bool):
-        self._proc = child.spawn("replay.encoder", str(path), backend, "1" if fast_from_file else "0")
+        self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0")
         self._lock = threading.Lock()
         self._info: dict | None = None
         self._warm_sent = 0

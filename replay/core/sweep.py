@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import polars as pl
 
-from . import db
+from replay.store import db
 
 try:  # the same counts in one compiled pass (replay/_sweep.pyx), where it is built
-    from ._sweep import hit_counts as _compiled_hit_counts
+    from replay.core._hits import hit_counts as _compiled_hit_counts
 except ImportError:
     _compiled_hit_counts = None
 if os.environ.get("REPLAY_PURE_SWEEP"):

@@ -19,8 +19,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from . import pipeline  # noqa: E402
-from .sweep import Grid, format_ttl  # noqa: E402
+from replay import api as pipeline  # noqa: E402
+from replay.core.sweep import Grid, format_ttl  # noqa: E402
 
 Section = Callable[[object, Path], str]
 

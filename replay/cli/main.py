@@ -13,8 +13,9 @@ from pathlib import Path
 
 import click
 
-from . import db, pipeline
-from .sweep import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREAMS, DEFAULT_TTLS, Grid, format_ttl, parse_ttl
+from replay.store import db
+from replay import api as pipeline
+from replay.core.sweep import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREAMS, DEFAULT_TTLS, Grid, format_ttl, parse_ttl
 
 SAMPLE = "data/sample"
 FORMATS = ["anthropic", "openai", "tokens", "mooncake", "trajectory"]
@@ -89,7 +90,7 @@ def _grid(ttls, blocks, mins, streams) -> Grid:
 
 
 def _ingest(con, logs, fmt, fields, time_unit, quiet=False, tokenizer=None) -> None:
-    from .ingest import summary_text
+    from replay.readers.ingest import summary_text
 
     summary = pipeline.ingest(con, logs, format=fmt, fields=fields, time_unit=time_unit, progress=True,
                               tokenizer=tokenizer)
@@ -181,7 +182,7 @@ def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, 
 
 def _profile_names(values) -> list[str]:
     """Profile specs from repeated/comma-separated options, checked against the registry."""
-    from . import profiles as prof
+    from replay.providers import profiles as prof
 
     names: list[str] = []
     for part in (v.strip() for opt in values for v in opt.split(",")):
@@ -243,7 +244,7 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     con = db.connect(db_path)
     tok = pipeline.load_tokenizer(tokenizer)  # its encoder process loads and works while ingest runs
     _ingest(con, logs, fmt, fields, time_unit, tokenizer=tok)
-    from . import report
+    from replay.analysis import report
 
     path = report.write_report(con, Path(out) / name, grid, title=f"Prefix-cache sizing — {name}",
                                extra_sections=_extra_sections(prices, price_model), progress=True,
@@ -253,9 +254,10 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
 
 def _extra_sections(prices=None, price_model=None):
     """Sections other features contribute to the report."""
-    from . import economics
+    from replay.providers import economics
 
-    from . import diagnose, validate
+    from replay.analysis import diagnose
+    from replay.validate import check as validate
 
     return [lambda con, out: diagnose.why_miss_section(con, out),
             lambda con, out: validate.validation_section(con, out),
@@ -265,7 +267,7 @@ def _extra_sections(prices=None, price_model=None):
 @main.command("profiles")
 def profiles_cmd():
     """List the provider/engine profiles `sweep --profile` accepts, with their rules and sources."""
-    from . import profiles as prof
+    from replay.providers import profiles as prof
 
     for p in prof.list_profiles():
         click.echo(p.describe())
@@ -286,7 +288,7 @@ def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model)
     con = db.connect(db_path)
     if con.execute("SELECT count(*) FROM requests").fetchall()[0][0] == 0:
         raise click.ClickException(f"{db_path} holds no requests: run `replay ingest` first")
-    from . import report as rep
+    from replay.analysis import report as rep
 
     path = rep.write_report(con, Path(out) / name, grid, extra_sections=_extra_sections(prices, price_model),
                             progress=True)
@@ -299,7 +301,7 @@ def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model)
 @click.option("--scale", default=1.0, show_default=True, help="Multiplies sessions and request counts.")
 def synth(out, seed, scale):
     """Write a realistic synthetic log (agents, sub-agents, a chat app) to OUT."""
-    from . import synth as s
+    from replay.synth import generator as s
 
     res = s.generate(out, seed=seed, scale=scale)
     click.echo(f"wrote {res}", err=True)
@@ -330,7 +332,7 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
     and compares reported cached tokens and prefill times with the mlx-lm
     profile's prediction. The server is always stopped, also on error or Ctrl-C.
     """
-    from . import validate as val
+    from replay.validate import check as val
 
     con = db.connect(db_path)
     if logs:
@@ -352,7 +354,7 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
 
 
 def _register_feature_commands() -> None:
-    from . import diagnose
+    from replay.analysis import diagnose
 
     diagnose.register(main)  # diagnose, whatif, diff
 

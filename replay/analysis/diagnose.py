@@ -70,8 +70,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from . import db
-from .render import tool_name
+from replay.store import db
+from replay.text.render import tool_name
 
 __all__ = ["CAUSES", "PARTS", "miss_parts", "diagnose", "diff_view", "why_miss_section",
            "register", "format_text", "classify_pieces", "mask"]
@@ -292,7 +292,7 @@ def resolve_profile(name: str | None) -> dict:
     miss and the diagnosis runs on the canonical-JSON view of the log."""
     if name in (None, "", "ideal"):
         return {"name": "ideal", "canonical_json": False}
-    from . import profiles
+    from replay.providers import profiles
 
     obj = profiles.get_profile(name)  # ValueError names the known profiles
     return {"name": name, "canonical_json": obj.canonical_json, "obj": obj}
@@ -323,7 +323,7 @@ def _walk_figures(con, stream: str, ttl: float) -> dict[int, tuple]:
 
 
 def ensure_walks(con, stream: str, tokenizer=None) -> None:
-    from . import pipeline
+    from replay import api as pipeline
 
     modes = (stream,) if stream == "global" else (stream, "global")
     pipeline.prepare(con, modes=modes, tokenizer=tokenizer)
@@ -510,9 +510,9 @@ def _part_label(r: _R, i: int) -> tuple[str, str]:
 # --------------------------------------------------------------------------- the per-request split
 
 def _load(con):
-    from .render import render_request  # noqa: F401  (import check)
-    from .replay import SegmentStore
-    from .tokenize import marker_seg_id
+    from replay.text.render import render_request  # noqa: F401  (import check)
+    from replay.core.replay import SegmentStore
+    from replay.text.tokenize import marker_seg_id
 
     store = SegmentStore(con)
     ntok = {s: len(a) for s, a in store._tokens.items()}
@@ -524,7 +524,7 @@ def _analyse(con, stream: str, ttl: float, block: int, min_prefix: int):
     figs = _walk_figures(con, stream, ttl)
     store, ntok, sys_marker = _load(con)
     tokens = store._tokens.__getitem__
-    from .replay import stream_key, time_ordered_chunks
+    from replay.core.replay import stream_key, time_ordered_chunks
 
     names = ("request_id", "ts", "tenant", "prompt_cache_key", "session", "user_id", "format",
              "seg_ids", "seg_parts")
@@ -592,7 +592,7 @@ def _analyse(con, stream: str, ttl: float, block: int, min_prefix: int):
 
 
 def _classify(con, pending, also=()) -> None:
-    from .render import render_request
+    from replay.text.render import render_request
 
     if not pending and not also:
         return
@@ -697,7 +697,7 @@ def _frame(rows) -> pl.DataFrame:
 
 
 def _miss_rows(con, ttl, block, min_prefix, stream, profile, tokenizer=None):
-    from .sweep import parse_ttl
+    from replay.core.sweep import parse_ttl
 
     ttl = parse_ttl(ttl) if isinstance(ttl, str) else float(ttl)
     if block < 1:
@@ -705,7 +705,7 @@ def _miss_rows(con, ttl, block, min_prefix, stream, profile, tokenizer=None):
     prof = resolve_profile(profile)
     work = con
     if prof["canonical_json"]:
-        from .whatif import normalized_copy
+        from replay.analysis.whatif import normalized_copy
 
         work = normalized_copy(con, ["canonical-json"], tokenizer=tokenizer)
     ensure_walks(work, stream, tokenizer)
@@ -847,7 +847,7 @@ def diff_view(con, stream_or_session: str, index: int | None = None, show_text: 
     ``show_text``. ``index`` picks the pair (request ``index`` against
     ``index − 1`` of the stream, 0-based); default: the first pair where the later
     request does not extend the earlier one, else the last pair."""
-    from .render import render_request
+    from replay.text.render import render_request
 
     s = stream_or_session
     where, params = [], []
@@ -936,8 +936,8 @@ REPORT_WHATIF_MAX = 20_000
 def why_miss_section(con, out_dir=None, ttl: float = 300, block: int = 16, min_prefix: int = 0,
                      stream: str = "tenant", fixes: tuple[str, ...] | None = None) -> str:
     """Markdown for the report: causes ranked by tokens lost, and the ceiling after each fix."""
-    from .sweep import format_ttl
-    from .whatif import FIXES, whatif
+    from replay.core.sweep import format_ttl
+    from replay.analysis.whatif import FIXES, whatif
 
     n_requests = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
     if n_requests > REPORT_DIAGNOSE_MAX:
@@ -991,8 +991,8 @@ def register(cli_group) -> None:
     """Add the ``diagnose``, ``whatif`` and ``diff`` commands to the main click group."""
     import click
 
-    from . import cli as _cli
-    from .sweep import format_ttl, parse_ttl
+    from replay.cli import main as _cli
+    from replay.core.sweep import format_ttl, parse_ttl
 
     def one_config(f):
         f = click.option("--ttl", default="5m", show_default=True,
@@ -1069,8 +1069,8 @@ def register(cli_group) -> None:
     def whatif_cmd(logs, db_path, fmt, fields, time_unit, tokenizer, ttl, block, min_prefix, stream,
                    profile, fixes, prices, price_model, as_json):
         """What each fix is worth: the ceiling recomputed on normalized request bodies."""
-        from . import economics
-        from .whatif import FIXES, whatif, format_whatif
+        from replay.providers import economics
+        from replay.analysis.whatif import FIXES, whatif, format_whatif
 
         con = db.connect(db_path)
         load(con, logs, fmt, fields, time_unit, as_json)

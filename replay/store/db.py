@@ -10,7 +10,7 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from . import schema
+from replay.store import schema
 
 DEFAULT_DB = "data/replay.duckdb"
 

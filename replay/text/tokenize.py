@@ -50,9 +50,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
-from . import db, encoder, segids
-from .formats import loads
-from .render import MARKERS, render_output, render_part, render_request
+from replay.store import db
+from replay.text import encoder
+from replay.text import segids
+from replay.readers.formats import loads
+from replay.text.render import MARKERS, render_output, render_part, render_request
 
 DEEPSEEK_NAME = "deepseek-v4"
 CHUNK_REQUESTS = (2_000, 10_000)  # requests per transaction: at least, at most (about 25 transactions)
@@ -61,7 +63,7 @@ BATCH_CHARS = 4_000_000
 
 # --------------------------------------------------------------------------- segment ids
 # (the id scheme of the module docstring lives in replay.segids)
-from .segids import (  # noqa: E402,F401 - re-exported
+from replay.text.segids import (  # noqa: E402,F401 - re-exported
     MARKER_SEG as _MARKER_SEG,
     h64 as _h64,
     image_seg_id,

@@ -76,9 +76,9 @@ from typing import Sequence
 import numpy as np
 import polars as pl
 
-from . import db
-from .sweep import Grid, _values
-from .trie import hit_length
+from replay.store import db
+from replay.core.sweep import Grid, _values
+from replay.core.trie import hit_length
 
 # ----------------------------------------------------------------------------- profile table
 
@@ -260,7 +260,7 @@ def _ensure_walks(con, modes: Sequence[str], variant: str, horizon: float) -> No
             db.arrow(con, "SELECT DISTINCT variant, mode FROM walks").to_pylist()}
     if all((variant, m) in have for m in modes):
         return
-    from .pipeline import prepare
+    from replay.api import prepare
 
     variants = ("prompt", "prompt+output") if variant == "prompt+output" else ("prompt",)
     prepare(con, modes=tuple(modes), variants=variants, horizon=horizon)
@@ -373,7 +373,7 @@ class SimRequest:
 
 
 def _sim_requests(con, with_output: bool) -> list[SimRequest]:
-    from .replay import iter_prompts
+    from replay.core.replay import iter_prompts
 
     out = [SimRequest(p.request_id, float(p.ts), p.tenant, p.key, p.session, p.symbols, p.output, p.n_tokens)
            for p in iter_prompts(con, with_output=with_output)]
@@ -385,7 +385,7 @@ def _sim_requests(con, with_output: bool) -> list[SimRequest]:
 
 
 def _stream(mode: str, r: SimRequest) -> str:
-    from .replay import stream_key
+    from replay.core.replay import stream_key
 
     return stream_key(mode, r.tenant, r.key, r.session)
 
@@ -393,7 +393,7 @@ def _stream(mode: str, r: SimRequest) -> str:
 # ----------------------------------------------------------------------------- mlx-lm
 
 def _mlx_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
-    from .profiles_mlx import simulate_mlx
+    from replay.providers.mlx_cache import simulate_mlx
 
     size = prof.params.get("cache_size", 10)
     size = None if size in (0, "none", "None") else int(size)
@@ -453,7 +453,7 @@ def openai_machines(reqs: Sequence[tuple[float, str, tuple]], rpm: int, replicas
 def _openai_sim(con, prof: Profile, grid: Grid, simulate: bool) -> pl.DataFrame:
     """OpenAI: the stream is organisation (tenant) + prompt_cache_key; with
     ``replicas>1`` also the machine the overflow rule sends the request to."""
-    from .replay import Prompt, replay_prompts
+    from replay.core.replay import Prompt, replay_prompts
 
     replicas = int(prof.params.get("replicas", 1))
     rpm = int(prof.params.get("rpm", 15))
@@ -602,7 +602,7 @@ def anthropic_layout(body: dict | None, seg_tokens: Sequence[int], fmt: str, def
     n = int(cum[-1]) if len(cum) else 0
     if body is None:  # tokens format: the whole prompt is one block
         return ([(n, default_ttl)] if auto and n else []), ([n] if n else [])
-    from .render import _render
+    from replay.text.render import _render
 
     r = _render(body, fmt)
     pieces = r.pieces

@@ -24,11 +24,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from . import db
-from .trie import COMPILED, Trie
+from replay.store import db
+from replay.core.trie import COMPILED, Trie
 
 if COMPILED:  # the same prompt assembly, compiled beside the trie
-    from ._trie import extend as _compiled_extend
+    from replay.core._trie import extend as _compiled_extend
 else:
     _compiled_extend = None
 

@@ -60,7 +60,7 @@ DEFAULT_SHAPE = {
 VERSION = 1  # bump when the files written here change
 
 def markers() -> dict[str, str]:
-    from .render import MARKERS
+    from replay.text.render import MARKERS
 
     return dict(MARKERS)
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import polars as pl
 
-from . import profiles as _p
-from . import db
-from .sweep import Grid
+from replay.providers import profiles as _p
+from replay.store import db
+from replay.core.sweep import Grid
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
 MTOK = 1_000_000

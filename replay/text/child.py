@@ -23,7 +23,7 @@ def spawn(module: str, *args: str) -> subprocess.Popen:
     it, ``-m`` puts the working directory first on the path, and a run started
     in another checkout of the project would talk to that checkout's helper."""
     env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parents[1])
+    pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.Popen([sys.executable, "-P", "-m", module, *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env)

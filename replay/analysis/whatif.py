@@ -33,8 +33,8 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from . import db
-from .render import tool_name
+from replay.store import db
+from replay.text.render import tool_name
 
 __all__ = ["FIXES", "normalize_body", "normalized_copy", "ceiling", "whatif", "format_whatif",
            "parse_fix"]
@@ -155,7 +155,7 @@ def bucket_timestamps(body: dict, bucket: float = 300.0) -> dict:
 
 
 def move_volatile_after_breakpoint(body: dict) -> dict:
-    from .diagnose import ID_RES, TIMESTAMP_RES
+    from replay.analysis.diagnose import ID_RES, TIMESTAMP_RES
 
     moved: list[str] = []
 
@@ -198,7 +198,7 @@ def move_volatile_after_breakpoint(body: dict) -> dict:
 
 def parse_fix(name: str) -> Callable[[dict], dict]:
     """A normalizer by name (``bucket-timestamps`` takes ``=DURATION``)."""
-    from .sweep import parse_ttl
+    from replay.core.sweep import parse_ttl
 
     base, _, arg = name.strip().partition("=")
     if base == "strip-rotating-header":
@@ -231,7 +231,7 @@ _TOK_CACHE: dict = {}
 
 
 def _tokenizer(name=None):
-    from .tokenize import Tok, load_tokenizer
+    from replay.text.tokenize import Tok, load_tokenizer
 
     if isinstance(name, Tok):
         return name
@@ -244,8 +244,8 @@ def _tokenizer(name=None):
 def normalized_copy(con, fixes, tokenizer=None):
     """A fresh in-memory database holding ``requests`` with normalized bodies,
     tokenized (known segments copied across, so only changed text is tokenized)."""
-    from .formats import dumps
-    from .tokenize import tokenize_stage
+    from replay.readers.formats import dumps
+    from replay.text.tokenize import tokenize_stage
 
     fns = [parse_fix(f) if isinstance(f, str) else f for f in fixes]
     out = db.connect(None)
@@ -289,8 +289,8 @@ def ceiling(con, ttl: float = 300, block: int = 16, min_prefix: int = 0, stream:
 
 
 def _prepare(con, stream: str, tokenizer) -> None:
-    from .replay import replay_stage, walks_current
-    from .tokenize import tokenize_needed, tokenize_stage
+    from replay.core.replay import replay_stage, walks_current
+    from replay.text.tokenize import tokenize_needed, tokenize_stage
 
     if tokenize_needed(con):
         tokenize_stage(con, _tokenizer(tokenizer))
@@ -299,7 +299,7 @@ def _prepare(con, stream: str, tokenizer) -> None:
 
 
 def _ceiling(con, ttl, block, min_prefix, stream, tokenizer) -> dict:
-    from .sweep import Grid, sweep
+    from replay.core.sweep import Grid, sweep
 
     _prepare(con, stream, tokenizer)
     df = sweep(con, Grid(ttls=(float(ttl),), blocks=(int(block),), min_prefixes=(int(min_prefix),),
@@ -329,7 +329,7 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
     "gain_hit_tokens"[, "money"]}], "all": {...}}``; with ``prices`` (an
     ``economics.Price`` from the price table) each figure also carries spend and savings.
     """
-    from .sweep import parse_ttl
+    from replay.core.sweep import parse_ttl
 
     ttl = parse_ttl(ttl) if isinstance(ttl, str) else float(ttl)
     fixes = [f.strip() for f in fixes if f and f.strip()]
@@ -339,7 +339,7 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
         raise ValueError("no fix given")
     base_fixes: list[str] = []
     if profile not in (None, "", "ideal"):
-        from .diagnose import resolve_profile
+        from replay.analysis.diagnose import resolve_profile
 
         if resolve_profile(profile)["canonical_json"]:
             base_fixes = ["canonical-json"]
@@ -370,7 +370,7 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
 
 
 def format_whatif(res: dict) -> str:
-    from .sweep import format_ttl
+    from replay.core.sweep import format_ttl
 
     c = res["config"]
     lines = [f"ttl {format_ttl(c['ttl_s'])}, block {c['block']}, min prefix {c['min_prefix']}, "

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .render import MARKERS
+from replay.text.render import MARKERS
 
 
 def h64(data: bytes) -> int:

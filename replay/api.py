@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from . import db
-from .replay import MODES, replay_stage, walks_current
-from .sweep import Grid
-from .sweep import sweep as _sweep
+from replay.store import db
+from replay.core.replay import MODES, replay_stage, walks_current
+from replay.core.sweep import Grid, format_ttl, parse_ttl  # noqa: F401 - the API's grid helpers
+from replay.core.sweep import sweep as _sweep
 
 open_db = db.connect
 
@@ -27,7 +27,7 @@ open_db = db.connect
 def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False, tokenizer=None):
     """Load logs; with ``tokenizer`` (a ``Tok``) its encoder process is handed the
     new content as it is found, to encode ahead for the tokenize stage."""
-    from .ingest import ingest as _ingest
+    from replay.readers.ingest import ingest as _ingest
 
     return _ingest(con, list(paths), format=format, fields=fields, time_unit=time_unit,
                    progress=progress, warm=tokenizer.warm if tokenizer is not None else None)
@@ -38,21 +38,21 @@ def load_tokenizer(path: str | None = None):
 
     Its encoder process starts loading at once; handed to ``ingest`` too, it
     prepares the new content on the other core (what ``replay run`` does)."""
-    from . import tokenize
+    from replay.text import tokenize
 
     return tokenize.load_tokenizer(path)
 
 
 def _tok(tok):
     """A tokenizer from a ``Tok``, a path or None."""
-    from .tokenize import Tok
+    from replay.text.tokenize import Tok
 
     return tok if isinstance(tok, Tok) else load_tokenizer(tok)
 
 
 def tokenize(con, tokenizer=None, progress=False):
     """Render and tokenize pending requests; ``tokenizer``: a ``Tok``, a path or None."""
-    from .tokenize import tokenize_stage
+    from replay.text.tokenize import tokenize_stage
 
     return tokenize_stage(con, _tok(tokenizer), progress=progress)
 
@@ -61,7 +61,7 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon: float = math.inf,
             tokenizer=None, progress=False) -> dict:
     """Make sure prompts are tokenized and walks are current for these modes
     (``tokenizer``: a ``Tok``, a path, or None for the default)."""
-    from .tokenize import confirm_tokens, tokenize_needed, tokenize_stage
+    from replay.text.tokenize import confirm_tokens, tokenize_needed, tokenize_stage
 
     def replay():
         return replay_stage(con, modes=tuple(modes), variants=tuple(variants), horizon=horizon,
@@ -95,7 +95,7 @@ def sweep(con, grid: Grid | None = None, by_stream=False, tokenizer=None, progre
 def profile_sweep(con, profiles, grid: Grid | None = None, by_stream=False, tokenizer=None,
                   progress=False) -> pl.DataFrame:
     """Sweep under provider/engine profiles (``replay.profiles``), with realised usage columns."""
-    from . import profiles as prof
+    from replay.providers import profiles as prof
 
     grid = grid or Grid()
     prepare(con, modes=MODES, variants=("prompt", "prompt+output"), horizon=max(grid.ttls),
