@@ -1,25 +1,42 @@
 """The Python API over the stages — what the CLI and the notebooks both call.
 
-    import replay.pipeline as rp
+    import replay.api as rp
     con = rp.open_db("data/replay.duckdb")
     rp.ingest(con, ["data/sample"])
-    df = rp.sweep(con)                      # ingest → tokenize → replay as needed, then sweep
+    df = rp.sweep(con)                      # tokenize → replay as needed, then sweep
 
-Each stage leaves its table in DuckDB and is skipped when its output is
-already current, so re-running a job neither repeats work nor double-counts.
+Each stage leaves its tables in DuckDB; ``prepare`` decides what is current, so
+re-running a job neither repeats work nor double-counts.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-
 import polars as pl
 
-from replay.store import db
-from replay.core.replay import MODES, replay_stage, walks_current
-from replay.core.sweep import Grid, format_ttl, parse_ttl  # noqa: F401 - the API's grid helpers
+from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
+from replay.analysis.overview import idle_gaps, overview  # noqa: F401
+from replay.analysis.report import write_report  # noqa: F401
+from replay.analysis.whatif import FIXES, format_whatif, whatif  # noqa: F401
+from replay.core.grid import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREAMS, DEFAULT_TTLS, Grid  # noqa: F401
+from replay.core.streams import MODES  # noqa: F401
 from replay.core.sweep import sweep as _sweep
+from replay.core.times import format_ttl, parse_ttl  # noqa: F401
+from replay.prepare import as_tokenizer, prepare
+from replay.providers import profiles as _profiles
+from replay.providers.catalog import get_profile, list_profiles  # noqa: F401
+from replay.providers.economics import get_price, logged_price_model, savings_section  # noqa: F401
+from replay.readers.formats import FORMATS, TIME_UNITS  # noqa: F401
+from replay.readers.ingest import IngestSummary, summary_text  # noqa: F401
+from replay.readers.ingest import ingest as _ingest
+from replay.store import db
+from replay.store.db import DEFAULT_DB  # noqa: F401
+from replay.synth.generator import generate as synth  # noqa: F401
+from replay.text.tokenize import load_tokenizer, tokenize_stage
+from replay.validate.check import store_result, summary_lines, validate, validation_section  # noqa: F401
+
+__all__ = ["open_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep", "profile_sweep",
+           "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif", "write_report",
+           "list_profiles", "get_profile", "requests_count", "Grid", "format_ttl", "parse_ttl"]
 
 open_db = db.connect
 
@@ -27,97 +44,30 @@ open_db = db.connect
 def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False, tokenizer=None):
     """Load logs; with ``tokenizer`` (a ``Tok``) its encoder process is handed the
     new content as it is found, to encode ahead for the tokenize stage."""
-    from replay.readers.ingest import ingest as _ingest
-
     return _ingest(con, list(paths), format=format, fields=fields, time_unit=time_unit,
                    progress=progress, warm=tokenizer.warm if tokenizer is not None else None)
 
 
-def load_tokenizer(path: str | None = None):
-    """The tokenizer the stages use (a local directory, or DeepSeek-V4's by default).
-
-    Its encoder process starts loading at once; handed to ``ingest`` too, it
-    prepares the new content on the other core (what ``replay run`` does)."""
-    from replay.text import tokenize
-
-    return tokenize.load_tokenizer(path)
-
-
-def _tok(tok):
-    """A tokenizer from a ``Tok``, a path or None."""
-    from replay.text.tokenize import Tok
-
-    return tok if isinstance(tok, Tok) else load_tokenizer(tok)
-
-
 def tokenize(con, tokenizer=None, progress=False):
     """Render and tokenize pending requests; ``tokenizer``: a ``Tok``, a path or None."""
-    from replay.text.tokenize import tokenize_stage
-
-    return tokenize_stage(con, _tok(tokenizer), progress=progress)
+    return tokenize_stage(con, as_tokenizer(tokenizer), progress=progress)
 
 
-def prepare(con, modes=MODES, variants=("prompt",), horizon: float = math.inf,
-            tokenizer=None, progress=False) -> dict:
-    """Make sure prompts are tokenized and walks are current for these modes
-    (``tokenizer``: a ``Tok``, a path, or None for the default)."""
-    from replay.text.tokenize import confirm_tokens, tokenize_needed, tokenize_stage
-
-    def replay():
-        return replay_stage(con, modes=tuple(modes), variants=tuple(variants), horizon=horizon,
-                            progress=progress)
-
-    done = {}
-    pending = tokenize_needed(con)
-    tok = _tok(tokenizer) if (pending or tokenizer) else None
-    if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
-        # the encoder's late checks run beside the replay; its rows are trusted only after them
-        done["tokenize"] = tokenize_stage(con, tok, progress=progress, check=False)
-    if not walks_current(con, modes, variants, horizon):
-        done["replay"] = replay()
-    if "tokenize" in done and not confirm_tokens(con, tok):
-        done["tokenize"] = tokenize_stage(con, tok.exact(), progress=progress)
-        done["replay"] = replay()
-    return done
-
-
-def sweep(con, grid: Grid | None = None, by_stream=False, tokenizer=None, progress=False,
-          horizon: float | None = None) -> pl.DataFrame:
-    """The ideal-contract sweep, replaying first if needed."""
+def sweep(con, grid: Grid | None = None, by_stream=False, tokenizer=None, progress=False) -> pl.DataFrame:
+    """The ideal-contract sweep over ``grid``, preparing its walks first."""
     grid = grid or Grid()
-    if horizon is None:
-        horizon = max(grid.ttls)
-    prepare(con, modes=MODES if set(grid.streams) <= set(MODES) else grid.streams,
-            horizon=horizon, tokenizer=tokenizer, progress=progress)
+    prepare(con, modes=grid.streams, horizon_us=grid.horizon_us, tokenizer=tokenizer, progress=progress)
     return _sweep(con, grid, by_stream=by_stream)
 
 
 def profile_sweep(con, profiles, grid: Grid | None = None, by_stream=False, tokenizer=None,
                   progress=False) -> pl.DataFrame:
-    """Sweep under provider/engine profiles (``replay.profiles``), with realised usage columns."""
-    from replay.providers import profiles as prof
-
+    """Sweep under provider/engine profiles (``replay.providers.profiles``), with realised usage columns."""
     grid = grid or Grid()
-    prepare(con, modes=MODES, variants=("prompt", "prompt+output"), horizon=max(grid.ttls),
-            tokenizer=tokenizer, progress=progress)
-    return prof.profile_sweep(con, list(profiles), grid, by_stream=by_stream)
+    return _profiles.profile_sweep(con, list(profiles), grid, by_stream=by_stream, tokenizer=tokenizer,
+                                   progress=progress)
 
 
-def idle_gaps(con, mode: str = "tenant") -> pl.DataFrame:
-    """Gap between each request and the previous request of its stream (first ones: null)."""
-    return pl.from_arrow(db.arrow(con, """
-        SELECT request_id, stream, ts,
-               ts - lag(ts) OVER (PARTITION BY stream ORDER BY ts, request_id) AS gap_s
-        FROM walks WHERE variant = 'prompt' AND mode = ?""", [mode]))
-
-
-def overview(con) -> dict:
-    r = con.execute("""SELECT count(*), count(DISTINCT tenant), count(DISTINCT prompt_cache_key),
-                              count(DISTINCT session), min(ts), max(ts) FROM requests""").fetchall()[0]
-    rej = con.execute("SELECT count(*) FROM rejects").fetchall()[0][0]
-    tok = con.execute("SELECT coalesce(sum(n_tokens), 0) FROM prompts").fetchall()[0][0]
-    seg = con.execute("SELECT count(*), coalesce(sum(n_tokens), 0) FROM segments").fetchall()[0]
-    return {"requests": r[0], "tenants": r[1], "keys": r[2], "sessions": r[3],
-            "first_ts": r[4], "last_ts": r[5], "rejected": rej, "logical_prompt_tokens": int(tok),
-            "unique_segments": seg[0], "unique_content_tokens": int(seg[1]),
-            "tokenizer": db.get_meta(con, "tokenizer")}
+def requests_count(con) -> int:
+    """How many requests the database holds."""
+    return con.execute("SELECT count(*) FROM requests").fetchone()[0]

@@ -91,7 +91,7 @@ def test_whatif_prices_fixes_with_the_shipped_price_table(tmp_path):
 
 def test_report_survives_a_failing_section_and_bounds_the_why_miss_work(tmp_path, monkeypatch):
     from replay.store import db
-    from replay.analysis import diagnose
+    from replay.analysis.diagnose import summary as diagnose
     from replay import api as pipeline
     from replay.analysis import report
 

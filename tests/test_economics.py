@@ -13,7 +13,8 @@ from test_profiles import make_db
 
 SONNET = ec.Price("sonnet", input=3.0, cache_read=0.3, cache_write_5m=3.75, cache_write_1h=6.0, output=15.0)
 FLAT = ec.Price("flat", input=1.0, cache_read=0.1, cache_write_5m=1.0, cache_write_1h=1.0, output=2.0)
-WEEK1 = 1_767_225_600.0  # 2026-01-01 00:00 UTC, ISO week 2026-W01
+S = 1_000_000  # µs
+WEEK1 = 1_767_225_600 * S  # 2026-01-01 00:00 UTC, ISO week 2026-W01
 
 
 def _total(t):
@@ -22,7 +23,7 @@ def _total(t):
 
 def test_prompt_under_the_minimum_saves_nothing():
     p = list(range(500))  # under Sonnet 4.5's 1024-token minimum
-    con = make_db([R(WEEK1, p), R(WEEK1 + 10, p), R(WEEK1 + 20, p)])
+    con = make_db([R(WEEK1, p), R(WEEK1 + 10 * S, p), R(WEEK1 + 20 * S, p)])
     t = _total(ec.savings_table(con, "anthropic-sonnet-4-5", SONNET))
     assert (t["hit_tokens"], t["write_5m"], t["write_1h"]) == (0, 0, 0)
     assert t["projected_savings"] == 0 and t["projected_cost"] == pytest.approx(1500 * 3.0 / 1e6)
@@ -35,12 +36,12 @@ def test_a_1h_write_never_read_costs_more_than_it_saves():
     assert t["write_1h"] == 2000 and t["hit_tokens"] == 0
     assert t["projected_savings"] == pytest.approx(-2000 * (6.0 - 3.0) / 1e6)
     # read once 30 minutes later: 2000 × (3 − 0.3) − 2000 × (6 − 3) = −600 → still a loss
-    con = make_db([R(WEEK1, p), R(WEEK1 + 1800, p)])
+    con = make_db([R(WEEK1, p), R(WEEK1 + 1800 * S, p)])
     t = _total(ec.savings_table(con, "anthropic-sonnet-4-5", SONNET, ttl=3600))
     assert (t["hit_tokens"], t["write_1h"]) == (2000, 2000)
     assert t["projected_savings"] == pytest.approx(-600 / 1e6)
     # the 5-minute TTL, read once 1 minute later: 2000 × 2.7 − 2000 × 0.75 = 3900
-    con = make_db([R(WEEK1, p), R(WEEK1 + 60, p)])
+    con = make_db([R(WEEK1, p), R(WEEK1 + 60 * S, p)])
     t = _total(ec.savings_table(con, "anthropic-sonnet-4-5", SONNET))
     assert (t["hit_tokens"], t["write_5m"]) == (2000, 2000)
     assert t["projected_savings"] == pytest.approx(3900 / 1e6)
@@ -48,7 +49,7 @@ def test_a_1h_write_never_read_costs_more_than_it_saves():
 
 def test_no_write_premium_provider_and_weeks_and_actual_spend():
     a = list(range(300))
-    reqs = [R(WEEK1, a), R(WEEK1 + 5, a + [1, 2]), R(WEEK1 + 8 * 86400, a)]
+    reqs = [R(WEEK1, a), R(WEEK1 + 5 * S, a + [1, 2]), R(WEEK1 + 8 * 86400 * S, a)]
     usage = {0: (320, 0, 0), 1: (322, 256, 0)}
     con = make_db(reqs, usage=usage)
     t = ec.savings_table(con, "deepseek", FLAT, stream="tenant")
@@ -94,7 +95,7 @@ def test_prices_file_has_dated_defaults_and_can_be_overridden(tmp_path):
 
 def test_fidelity_and_the_section(tmp_path):
     a = list(range(300))
-    con = make_db([R(WEEK1, a), R(WEEK1 + 5, a + [1])], usage={0: (310, 0, 0), 1: (311, 256, 0)})
+    con = make_db([R(WEEK1, a), R(WEEK1 + 5 * S, a + [1])], usage={0: (310, 0, 0), 1: (311, 256, 0)})
     con.execute("UPDATE requests SET model = 'deepseek-chat'")
     f = ec.fidelity(con)
     assert f["diff"].to_list() == [-10, -10]

@@ -7,21 +7,27 @@ import random
 import pytest
 from click.testing import CliRunner
 
-from replay.core import oracle
 from replay.cli.main import main
+from replay.core import oracle
+from replay.core.times import ttl_us
 
-from gen import random_requests
+from gen import US, random_requests
+
+EPOCH_US = 1_700_000_000 * US
 
 
-def _write_tokens_log(path, reqs, ts_offset=1_700_000_000.0):
+def _write_tokens_log(path, reqs, unit="us"):
+    """A tokens-format log of ``reqs`` (times in µs) with epoch timestamps in ``unit``:
+    integers in µs, numbers of ms or s with as many decimals as the µs need."""
     with open(path, "w") as f:
         for r in reqs:
-            rec = {"ts": r.ts + ts_offset, "tenant": r.tenant, "tokens": list(r.tokens)}
-            if r.key is not None:
-                rec["prompt_cache_key"] = r.key
-            if r.session is not None:
-                rec["session"] = r.session
-            f.write(json.dumps(rec) + "\n")
+            t = EPOCH_US + r.ts
+            ts = {"us": t, "ms": f"{t // 1000}.{t % 1000:03d}", "s": f"{t // US}.{t % US:06d}"}[unit]
+            rec = {"ts": t if unit == "us" else "TS", "tenant": r.tenant, "tokens": list(r.tokens)}
+            for k, v in (("prompt_cache_key", r.key), ("session", r.session), ("model", r.model)):
+                if v is not None:
+                    rec[k] = v
+            f.write(json.dumps(rec).replace('"TS"', str(ts)) + "\n")
 
 
 def _key(r):
@@ -37,11 +43,14 @@ def _same(got, want):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_sweep_json_equals_oracle_on_tokens_logs(tmp_path, seed):
-    # long-ish prompts over a small alphabet so blocks of 16 and 64 and the minimum prefix matter;
-    # gaps chosen so that some land exactly on the 10 s / 60 s TTLs; ties included (gap 0)
-    reqs = random_requests(seed, n=40, alphabet=3, max_len=200, gaps=(0, 0, 3, 7, 10, 50, 60, 200))
+    """Long-ish prompts over a small alphabet, so blocks of 16 and 64 and the minimum
+    prefix matter; gaps land exactly on, a µs under and a µs over the 10 s / 60 s
+    TTLs; ties included (gap 0); timestamps in µs, ms or s (read exactly); two
+    models in half the logs."""
+    reqs = random_requests(seed, n=40, alphabet=3, max_len=200, gaps=(0, 0, 3, 7, 10, 50, 60, 200),
+                           jitter_us=(0, 0, -1, 1), models=("a", "b") if seed % 2 else (None,))
     log = tmp_path / "log.jsonl"
-    _write_tokens_log(log, reqs)
+    _write_tokens_log(log, reqs, ("us", "ms", "s")[seed % 3])
     args = ["sweep", str(log), "--db", str(tmp_path / "r.duckdb"), "--ttl", "10,60,inf",
             "--block", "1,16,64", "--min-prefix", "0,32", "--stream", "tenant,key,session,global", "--json"]
     res = CliRunner().invoke(main, args)
@@ -60,10 +69,10 @@ def test_sweep_json_equals_oracle_on_tokens_logs(tmp_path, seed):
 def test_sweep_with_empty_prompts_and_boundary_ties(tmp_path):
     reqs = [oracle.OracleRequest(ts=0, tokens=[], tenant="a"),
             oracle.OracleRequest(ts=0, tokens=[1] * 40, tenant="a"),
-            oracle.OracleRequest(ts=0, tokens=[1] * 40 + [2], tenant="a"),        # tie: hits the one above
-            oracle.OracleRequest(ts=300, tokens=[1] * 40 + [3], tenant="a"),      # exactly at a 5m TTL
-            oracle.OracleRequest(ts=600.5, tokens=[1] * 17, tenant="a"),          # just past it
-            oracle.OracleRequest(ts=601, tokens=[], tenant="b")]
+            oracle.OracleRequest(ts=0, tokens=[1] * 40 + [2], tenant="a"),           # tie: hits the one above
+            oracle.OracleRequest(ts=300 * US, tokens=[1] * 40 + [3], tenant="a"),    # exactly at a 5m TTL
+            oracle.OracleRequest(ts=600 * US + 1, tokens=[1] * 17, tenant="a"),      # one µs past it
+            oracle.OracleRequest(ts=601 * US, tokens=[], tenant="b")]
     log = tmp_path / "edge.jsonl"
     _write_tokens_log(log, reqs)
     res = CliRunner().invoke(main, ["sweep", str(log), "--db", str(tmp_path / "e.duckdb"), "--ttl", "5m,inf",
@@ -81,10 +90,10 @@ def test_sweep_with_empty_prompts_and_boundary_ties(tmp_path):
 def test_sweep_on_chat_logs_equals_oracle_over_their_tokens(tmp_path):
     """Anthropic and OpenAI logs: after rendering and tokenizing, the sweep equals the
     brute-force definition applied to the very token sequences the pipeline built."""
-    from replay.store import db
     from replay import api as pipeline
+    from replay.core.grid import Grid
+    from replay.store import db
     from replay.synth import generator as synth
-    from replay.core.sweep import Grid
     from replay.text.tokenize import load_prompt_tokens
 
     synth.generate(tmp_path / "logs", seed=11, scale=0.5)
@@ -93,11 +102,13 @@ def test_sweep_on_chat_logs_equals_oracle_over_their_tokens(tmp_path):
     grid = Grid(ttls=(60, 300, 3600, math.inf), blocks=(1, 16, 64), min_prefixes=(0, 1024),
                 streams=("tenant", "key", "session", "global"))
     got = pipeline.sweep(con, grid).to_dicts()
-    meta = con.execute("SELECT request_id, ts, tenant, prompt_cache_key, session FROM requests "
+    meta = con.execute("SELECT request_id, ts_us, tenant, prompt_cache_key, session, model FROM requests "
                        "ORDER BY request_id").fetchall()
     toks = load_prompt_tokens(con, [m[0] for m in meta])
-    reqs = [oracle.OracleRequest(ts=ts, tokens=toks[rid].tolist(), tenant=tenant, key=key, session=session)
-            for rid, ts, tenant, key, session in meta]
+    reqs = [oracle.OracleRequest(ts=ts, tokens=toks[rid].tolist(), tenant=tenant, key=key, session=session,
+                                 model=model)
+            for rid, ts, tenant, key, session, model in meta]
+    assert len({r.model for r in reqs}) > 1  # the sample's tenants mix models
     assert {f for (f,) in con.execute("SELECT DISTINCT format FROM requests").fetchall()} == {"anthropic", "openai"}
     assert len(reqs) > 50 and sum(len(r.tokens) for r in reqs) > 100_000
     _same(got, oracle.sweep(reqs, grid.streams, grid.ttls, grid.blocks, grid.min_prefixes))
@@ -110,7 +121,7 @@ def test_replay_prompts_equal_the_tokenized_prompts(tmp_path):
 
     from replay.store import db
     from replay import api as pipeline
-    from replay.core.replay import iter_prompts
+    from replay.core.prompts import iter_prompts
     from replay.synth.generator import generate
     from replay.text.tokenize import load_prompt_tokens
 
@@ -133,9 +144,10 @@ def test_walks_are_the_same_without_the_shared_prefix_shortcut(tmp_path, monkeyp
     modes), the walks must be those of the plain walk."""
     import random
 
-    from replay.store import db
     from replay import api as pipeline
-    from replay.core.replay import SegmentStore, replay_stage
+    from replay.core.prompts import SegmentStore
+    from replay.core.replay import replay_stage
+    from replay.store import db
     from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=seed, scale=0.5, hours=6)
@@ -143,7 +155,7 @@ def test_walks_are_the_same_without_the_shared_prefix_shortcut(tmp_path, monkeyp
     pipeline.ingest(con, [tmp_path / "logs"])
     pipeline.tokenize(con)
     rng = random.Random(seed)
-    rows = con.execute("SELECT request_id, ts, prompt_cache_key, session FROM requests").fetchall()
+    rows = con.execute("SELECT request_id, ts_us, prompt_cache_key, session FROM requests").fetchall()
     for rid, ts, key, session in rows:
         r = rng.random()
         if r < 0.15:
@@ -152,16 +164,19 @@ def test_walks_are_the_same_without_the_shared_prefix_shortcut(tmp_path, monkeyp
             con.execute("UPDATE requests SET session = NULL, prompt_cache_key = ? WHERE request_id = ?",
                         [session, rid])
         elif r < 0.35:
-            con.execute("UPDATE requests SET ts = ts + ? WHERE request_id = ?", [rng.choice([300, 900, 4000]), rid])
+            con.execute("UPDATE requests SET ts_us = ts_us + ? WHERE request_id = ?",
+                        [rng.choice([300, 600, 900, 4000]) * US, rid])
         elif r < 0.40 and session is not None:  # the rest of this session comes back after a pause
-            con.execute("UPDATE requests SET ts = ts + ? WHERE session = ? AND ts > ?",
-                        [rng.choice([400, 900, 4000]), session, ts])
+            con.execute("UPDATE requests SET ts_us = ts_us + ? WHERE session = ? AND ts_us > ?",
+                        [rng.choice([400, 600, 900, 4000]) * US + rng.choice([0, 1, -1]), session, ts])
+        elif r < 0.45:
+            con.execute("UPDATE requests SET model = 'other' WHERE request_id = ?", [rid])
     walks = []
     for shortcut in (True, False):
         if not shortcut:
             plain = SegmentStore.extend
             monkeypatch.setattr(SegmentStore, "extend", lambda self, ids, prev: (plain(self, ids, prev)[0], 0))
-        replay_stage(con, modes=("tenant", "key", "session", "global"), horizon=600.0)
+        replay_stage(con, modes=("tenant", "key", "session", "global"), horizon_us=600 * US)
         walks.append(con.execute("SELECT mode, request_id, stream, gaps, depths FROM walks "
                                  "ORDER BY mode, request_id").fetchall())
     assert len(walks[0]) > 400
@@ -175,9 +190,9 @@ def test_time_ordered_chunks_give_every_request_once_in_processing_order(tmp_pat
     (ts, request_id) order, each once, with the row's own columns."""
     import numpy as np
 
-    from replay.store import db
     from replay import api as pipeline
-    from replay.core.replay import iter_prompts, time_ordered_chunks
+    from replay.core.prompts import iter_prompts, time_ordered_chunks
+    from replay.store import db
     from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=5, scale=0.5)
@@ -187,10 +202,11 @@ def test_time_ordered_chunks_give_every_request_once_in_processing_order(tmp_pat
     rng = random.Random(chunk)
     for (rid,) in con.execute("SELECT request_id FROM requests").fetchall():
         if rng.random() < 0.2:  # ties across files
-            con.execute("UPDATE requests SET ts = floor(ts / 600) * 600 WHERE request_id = ?", [rid])
-    want = con.execute("SELECT request_id, tenant, ts FROM requests ORDER BY ts, request_id").fetchall()
-    got = [row for tbl in time_ordered_chunks(con, "r.request_id, r.tenant, r.ts", chunk)
-           for row in zip(*(tbl.column(c).to_pylist() for c in ("request_id", "tenant", "ts")))]
+            con.execute("UPDATE requests SET ts_us = (ts_us // 600_000_000) * 600_000_000 WHERE request_id = ?",
+                        [rid])
+    want = con.execute("SELECT request_id, tenant, ts_us FROM requests ORDER BY ts_us, request_id").fetchall()
+    got = [row for tbl in time_ordered_chunks(con, "r.request_id, r.tenant, r.ts_us", chunk)
+           for row in zip(*(tbl.column(c).to_pylist() for c in ("request_id", "tenant", "ts_us")))]
     assert got == want and len(want) > 100
     spans = np.diff([r[0] for r in want])
     assert (spans < 0).any()  # the files interleave: ids are not in time order
@@ -224,7 +240,7 @@ def test_the_replay_checkpoints_the_tokenized_rows_beside_its_walks(tmp_path, mo
         if in_transaction:
             con.begin()
             db.set_meta(con, "note", "written inside the caller's transaction")
-        replay_stage(con, modes=("tenant", "global"), horizon=3600.0)
+        replay_stage(con, modes=("tenant", "global"), horizon_us=3600 * US)
         if in_transaction:
             con.commit()
         else:
@@ -238,41 +254,42 @@ def test_the_replay_stores_its_walks_a_part_at_a_time_with_the_same_rows(tmp_pat
     """The stage hands the walks to DuckDB every WALKS_PER_INSERT requests (memory holds
     a part's rows, not the log's): the same rows as one insert at the end, and no
     part larger than asked for."""
-    from replay.store import db
     from replay import api as pipeline
     from replay.core import replay as replay_module
+    from replay.store import db, walksets
     from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=6, scale=0.3)
     con = db.connect(tmp_path / "x.duckdb")
     pipeline.ingest(con, [tmp_path / "logs"])
     pipeline.tokenize(con)
-    query = "SELECT variant, mode, request_id, stream, ts, prompt_tokens, gaps, depths FROM walks ORDER BY ALL"
+    query = "SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths FROM walks ORDER BY ALL"
     modes = ("tenant", "key", "global")
+    keys = [("prompt", m) for m in modes]
     monkeypatch.setattr(replay_module, "WALKS_PER_INSERT", 10 ** 9)
-    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    replay_module.replay_stage(con, modes=modes, horizon_us=3600 * US)
     whole = con.execute(query).fetchall()
     n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
     assert len(whole) == len(modes) * n and n > 50
 
     sizes = []
-    insert = replay_module._insert_walks
-    monkeypatch.setattr(replay_module, "_insert_walks",
+    insert = replay_module.insert_walks
+    monkeypatch.setattr(replay_module, "insert_walks",
                         lambda c, rows: (sizes.append([len(r) for r in rows.values()]), insert(c, rows)))
     monkeypatch.setattr(replay_module, "WALKS_PER_INSERT", 7)
-    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    replay_module.replay_stage(con, modes=modes, horizon_us=3600 * US)
     assert con.execute(query).fetchall() == whole
     assert len(sizes) == -(-n // 7) and all(s == [7] * len(modes) for s in sizes[:-1])
-    assert replay_module.walks_current(con, modes, ("prompt",), 3600.0)
+    assert not walksets.stale(con, keys, 3600 * US)
 
 
 def test_a_replay_stopped_part_way_is_not_current_and_is_redone(tmp_path, monkeypatch):
     """Walks stored part by part: when the stage stops after some parts, the walks
     are not current (the next prepare replays again) and a new run gives a clean
     run's rows, none twice."""
-    from replay.store import db
     from replay import api as pipeline
     from replay.core import replay as replay_module
+    from replay.store import db, walksets
     from replay.synth.generator import generate
 
     generate(tmp_path / "logs", seed=7, scale=0.3)
@@ -280,13 +297,14 @@ def test_a_replay_stopped_part_way_is_not_current_and_is_redone(tmp_path, monkey
     pipeline.ingest(con, [tmp_path / "logs"])
     pipeline.tokenize(con)
     modes = ("tenant", "global")
-    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
-    query = "SELECT variant, mode, request_id, stream, ts, prompt_tokens, gaps, depths FROM walks ORDER BY ALL"
+    keys = [("prompt", m) for m in modes]
+    replay_module.replay_stage(con, modes=modes, horizon_us=3600 * US)
+    query = "SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths FROM walks ORDER BY ALL"
     clean = con.execute(query).fetchall()
-    assert replay_module.walks_current(con, modes, ("prompt",), 3600.0)
+    assert not walksets.stale(con, keys, 3600 * US)
 
     calls = []
-    insert = replay_module._insert_walks
+    insert = replay_module.insert_walks
 
     def failing(c, rows):
         calls.append(1)
@@ -294,15 +312,15 @@ def test_a_replay_stopped_part_way_is_not_current_and_is_redone(tmp_path, monkey
             raise KeyboardInterrupt  # stopped by the user, part way
         insert(c, rows)
 
-    monkeypatch.setattr(replay_module, "_insert_walks", failing)
+    monkeypatch.setattr(replay_module, "insert_walks", failing)
     monkeypatch.setattr(replay_module, "WALKS_PER_INSERT", 11)
     with pytest.raises(KeyboardInterrupt):
-        replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+        replay_module.replay_stage(con, modes=modes, horizon_us=3600 * US)
     assert 0 < con.execute("SELECT count(*) FROM walks").fetchone()[0] < len(clean)
-    assert not replay_module.walks_current(con, modes, ("prompt",), 3600.0)
+    assert walksets.stale(con, keys, 3600 * US) == keys
 
-    monkeypatch.setattr(replay_module, "_insert_walks", insert)
-    replay_module.replay_stage(con, modes=modes, horizon=3600.0)
+    monkeypatch.setattr(replay_module, "insert_walks", insert)
+    replay_module.replay_stage(con, modes=modes, horizon_us=3600 * US)
     assert con.execute(query).fetchall() == clean
 
 
@@ -320,7 +338,7 @@ def test_what_is_still_to_tokenize_and_the_replay_refusing_it(tmp_path):
     pipeline.ingest(con, [tmp_path / "logs"])
     n = con.execute("SELECT count(*) FROM requests WHERE format <> 'mooncake'").fetchone()[0]
     assert db.untokenized(con) == n > 0 and tokenize_needed(con)
-    with pytest.raises(RuntimeError, match=f"{n} requests are not tokenized yet"):
+    with pytest.raises(RuntimeError, match=f"{n} requests are not tokenized yet"):  # (NotTokenized)
         replay_stage(con, modes=("global",))
     pipeline.tokenize(con)
     assert db.untokenized(con) == 0 and not tokenize_needed(con)

@@ -110,7 +110,7 @@ def test_anthropic_wrapped(con, tmp_path):
     assert (s.files, s.lines, s.loaded, s.rejected) == (1, 2, 2, 0)
     check_reconciles(con, s)
     row = con.execute(
-        "SELECT request_id, line_no, format, ts, tenant, session, user_id, model, body, output, "
+        "SELECT request_id, line_no, format, ts_us / 1000000 AS ts, tenant, session, user_id, model, body, output, "
         "usage_prompt_tokens, usage_cached_tokens, usage_cache_write_tokens, usage_output_tokens, "
         "prompt_cache_key FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests ORDER BY request_id").fetchall()
     r = row[0]
@@ -135,7 +135,7 @@ def test_anthropic_flat(con, tmp_path):
     p = write_jsonl(tmp_path / "flat.jsonl", [rec])
     s = ingest(con, [str(p)])
     assert s.loaded == 1
-    r = con.execute("SELECT format, ts, tenant, session, body, output, usage_prompt_tokens, "
+    r = con.execute("SELECT format, ts_us / 1000000 AS ts, tenant, session, body, output, usage_prompt_tokens, "
                     "usage_cached_tokens, usage_output_tokens FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests").fetchone()
     assert r[0] == "anthropic"
     assert r[1] == datetime(2024, 5, 1, 10, 0, tzinfo=timezone.utc).timestamp()
@@ -150,7 +150,7 @@ def test_openai_wrapped_with_key_and_cache(con, tmp_path):
     p = write_jsonl(tmp_path / "o.jsonl", [openai_wrapped()])
     s = ingest(con, [str(p)])
     assert s.loaded == 1
-    r = con.execute("SELECT format, ts, tenant, prompt_cache_key, user_id, model, output, "
+    r = con.execute("SELECT format, ts_us / 1000000 AS ts, tenant, prompt_cache_key, user_id, model, output, "
                     "usage_prompt_tokens, usage_cached_tokens, usage_cache_write_tokens, usage_output_tokens "
                     "FROM requests").fetchone()
     assert r[:6] == ("openai", datetime(2025, 1, 1, tzinfo=timezone.utc).timestamp(), "org-1", "pck-7",
@@ -165,7 +165,7 @@ def test_openai_flat_deepseek_usage(con, tmp_path):
            "usage": {"prompt_tokens": 640, "completion_tokens": 3, "prompt_cache_hit_tokens": 576}}
     p = write_jsonl(tmp_path / "o.jsonl", [rec])
     ingest(con, [str(p)])
-    r = con.execute("SELECT format, ts, tenant, user_id, prompt_cache_key, body, usage_cached_tokens "
+    r = con.execute("SELECT format, ts_us / 1000000 AS ts, tenant, user_id, prompt_cache_key, body, usage_cached_tokens "
                     "FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests").fetchone()
     assert r[0] == "openai"
     assert r[1] == pytest.approx(1700000000.123)
@@ -190,7 +190,7 @@ def test_tokens_format(con, tmp_path):
     s = ingest(con, [str(p)])
     check_reconciles(con, s)
     assert (s.loaded, s.rejected) == (2, 4)
-    rows = con.execute("SELECT ts, tenant, prompt_cache_key, session, tokens, output_tokens, body "
+    rows = con.execute("SELECT ts_us / 1000000 AS ts, tenant, prompt_cache_key, session, tokens, output_tokens, body "
                        "FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests ORDER BY request_id").fetchall()
     assert rows[0] == (10.0, "t1", "k1", "s", [1, 2, 3], [4, 5], None)
     assert rows[1] == (11.5, "t2", None, None, [], None, None)
@@ -212,7 +212,7 @@ def test_mooncake_small(con, tmp_path):
     s = ingest(con, [str(p)])
     check_reconciles(con, s)
     assert (s.loaded, s.rejected) == (2, 2)
-    rows = con.execute("SELECT format, ts, tenant, block_ids, input_length, output_length FROM requests "
+    rows = con.execute("SELECT format, ts_us / 1000000 AS ts, tenant, block_ids, input_length, output_length FROM requests "
                        "ORDER BY request_id").fetchall()
     assert rows == [("mooncake", 0.0, "default", [0, 1], 1000, 10), ("mooncake", 1.5, "default", [0, 2], 600, 3)]
     assert [r[1] for r in rejects(con)] == ["wrong_type", "wrong_type"]
@@ -225,7 +225,7 @@ def test_mooncake_real_trace(con):
     elapsed = time.perf_counter() - t0
     assert (s.lines, s.loaded, s.rejected) == (12031, 12031, 0)
     check_reconciles(con, s)
-    r = con.execute("SELECT count(*), min(ts), max(ts), avg(input_length), "
+    r = con.execute("SELECT count(*), min(ts_us) / 1000000, max(ts_us) / 1000000, avg(input_length), "
                     "bool_and(len(block_ids) = ceil(input_length / 512)) FROM requests").fetchone()
     assert r[0] == 12031 and r[1] == 0.0 and 3000 < r[2] < 3700
     assert 11000 < r[3] < 13000
@@ -242,7 +242,7 @@ def test_trajectory_real_file(con):
     s = ingest(con, [str(path)])
     assert s.loaded == len(assistant) > 0 and s.rejected == 0
     check_reconciles(con, s)
-    rows = con.execute("SELECT line_no, format, ts, tenant, session, model, body, output, usage_prompt_tokens, "
+    rows = con.execute("SELECT line_no, format, ts_us / 1000000 AS ts, tenant, session, model, body, output, usage_prompt_tokens, "
                        "usage_cached_tokens, usage_output_tokens FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests ORDER BY request_id").fetchall()
     assert [r[0] for r in rows] == list(range(1, len(assistant) + 1))
     for (line_no, fmt, ts, tenant, session, model, body, output, up, uc, uo), i in zip(rows, assistant):
@@ -280,7 +280,7 @@ def test_trajectory_synthetic(con, tmp_path):
     s = ingest(con, [str(tmp_path)])
     check_reconciles(con, s)
     assert (s.files, s.loaded, s.rejected) == (3, 1, 2)
-    r = con.execute("SELECT line_no, ts, session, usage_cached_tokens, body FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests").fetchone()
+    r = con.execute("SELECT line_no, ts_us / 1000000 AS ts, session, usage_cached_tokens, body FROM (SELECT r.* REPLACE (b.body AS body) FROM requests r JOIN request_bodies b USING (request_id)) requests").fetchone()
     assert r[:4] == (1, 1700000000.5, "inst-1", 64)
     assert [m["content"] for m in json.loads(r[4])["messages"]] == ["s", "task"]
     assert rejects(con) == [
@@ -397,7 +397,7 @@ def test_idempotent_reingest(con, tmp_path):
     q = write_jsonl(tmp_path / "b.jsonl", [anthropic_wrapped(ts=9)])
     s3 = ingest(con, [str(tmp_path)])
     assert (s3.files, s3.skipped_files, s3.loaded) == (2, 1, 1)
-    assert con.execute("SELECT request_id, source_id, line_no FROM requests WHERE ts = 9").fetchone() == (6, 2, 1)
+    assert con.execute("SELECT request_id, source_id, line_no FROM requests WHERE ts_us = 9000000").fetchone() == (6, 2, 1)
     # identical bytes under another name are skipped too
     (tmp_path / "copy.jsonl").write_bytes(q.read_bytes())
     assert ingest(con, [str(tmp_path / "copy.jsonl")]).skipped_files == 1
@@ -432,7 +432,7 @@ def test_same_content_twice_in_one_run(con, tmp_path, slow_hash):
     assert (s.files, s.skipped_files, s.loaded, s.rejected) == (3, 1, 5, 1)
     assert con.execute("SELECT count(*) FROM rejects").fetchone()[0] == 1
     assert con.execute("SELECT path FROM sources ORDER BY source_id").fetchall() == [(str(a),), (str(c),)]
-    assert con.execute("SELECT request_id, source_id FROM requests WHERE ts = 7").fetchone() == (5, 2)
+    assert con.execute("SELECT request_id, source_id FROM requests WHERE ts_us = 7000000").fetchone() == (5, 2)
     # no blob is stored twice, and every body reads back whole
     assert con.execute("SELECT count(*) - count(DISTINCT blob_id) FROM blobs").fetchone()[0] == 0
     assert con.execute("SELECT count(*) FROM request_bodies WHERE body IS NULL").fetchone()[0] == 0
@@ -519,23 +519,44 @@ def test_request_id_order(con, tmp_path):
 
 
 @pytest.mark.parametrize("value, unit, expected", [
-    (1700000000, None, 1700000000.0),
-    (1700000000123, None, 1700000000.123),
-    (1700000000123456, None, 1700000000.123456),
-    ("1700000000", None, 1700000000.0),
-    (" 1700000000.5 ", None, 1700000000.5),
-    ("2024-01-01T00:00:00Z", None, 1704067200.0),
-    ("2024-01-01T00:00:00", None, 1704067200.0),
-    ("2024-01-01 01:00:00+01:00", None, 1704067200.0),
-    ("2024-01-01T00:00:00.250Z", None, 1704067200.25),
-    (1500, "ms", 1.5),
-    (1500, "us", 0.0015),
-    (1700000000123, "s", 1700000000123.0),
-    ("2024-01-01T00:00:00Z", "ms", 1704067200.0),  # ISO strings are never scaled
-    (12.5, None, 12.5),
+    (1700000000, None, 1700000000_000000),
+    (1700000000123, None, 1700000000_123000),
+    (1700000000123456, None, 1700000000_123456),
+    ("1700000000", None, 1700000000_000000),
+    (" 1700000000.5 ", None, 1700000000_500000),
+    ("1700000000.000001", None, 1700000000_000001),
+    (1700000000.000001, None, 1700000000_000001),   # a float: its shortest decimal, exactly
+    ("2024-01-01T00:00:00Z", None, 1704067200_000000),
+    ("2024-01-01T00:00:00", None, 1704067200_000000),
+    ("2024-01-01 01:00:00+01:00", None, 1704067200_000000),
+    ("2024-01-01T00:00:00.250Z", None, 1704067200_250000),
+    (1500, "ms", 1_500_000),
+    (1500, "us", 1500),
+    (60000, "ms", 60_000_000),                       # exactly 60 s, never 60.00000000000023
+    (1700000000123, "s", 1700000000123_000000),
+    ("2024-01-01T00:00:00Z", "ms", 1704067200_000000),  # ISO strings are never scaled
+    (12.5, None, 12_500_000),
 ])
 def test_parse_ts(value, unit, expected):
-    assert parse_ts(value, "timestamp", unit) == pytest.approx(expected, abs=1e-6)
+    """Integer microseconds, exactly."""
+    got = parse_ts(value, "timestamp", unit)
+    assert isinstance(got, int) and got == expected
+
+
+def test_the_time_unit_is_decided_once_per_file(con, tmp_path):
+    """A file's first numeric timestamp decides its unit (here ms, by magnitude); a later
+    small number in the same file is read in ms too, not taken for seconds. Another
+    file decides anew; the decided unit is recorded with the file."""
+    p = write_jsonl(tmp_path / "a.jsonl", [{"ts": 1700000000000, "tenant": "t", "tokens": [1]},
+                                           {"ts": 1700000060000, "tenant": "t", "tokens": [1]},
+                                           {"ts": 5000, "tenant": "t", "tokens": [1]}])
+    q = write_jsonl(tmp_path / "b.jsonl", [{"ts": 1700000000, "tenant": "t", "tokens": [1]},
+                                           {"ts": 1700000000123, "tenant": "t", "tokens": [1]}])
+    ingest(con, [str(p), str(q)])
+    got = [r[0] for r in con.execute("SELECT ts_us FROM requests ORDER BY request_id").fetchall()]
+    assert got == [1700000000_000000, 1700000060_000000, 5_000_000, 1700000000_000000, 1700000000123_000000]
+    units = dict(con.execute("SELECT path, time_unit FROM sources").fetchall())
+    assert units == {str(p): "ms", str(q): "s"}
 
 
 @pytest.mark.parametrize("value, reason", [
@@ -552,7 +573,7 @@ def test_time_unit_option(con, tmp_path):
     p = write_jsonl(tmp_path / "t.jsonl", [{"ts": 1500, "tenant": "t", "tokens": [1]},
                                            {"created_at": "2500", "tenant": "t", "tokens": [1]}])
     ingest(con, [str(p)], time_unit="ms")
-    assert [r[0] for r in con.execute("SELECT ts FROM requests ORDER BY request_id").fetchall()] == [1.5, 2.5]
+    assert [r[0] for r in con.execute("SELECT ts_us FROM requests ORDER BY request_id").fetchall()] == [1_500_000, 2_500_000]
     with pytest.raises(ValueError):
         ingest(con, [str(p)], time_unit="h")
 
@@ -560,7 +581,7 @@ def test_time_unit_option(con, tmp_path):
 def test_mooncake_time_unit_override(con, tmp_path):
     p = write_jsonl(tmp_path / "m.jsonl", [{"timestamp": 3, "input_length": 1, "hash_ids": [1]}])
     ingest(con, [str(p)], time_unit="s")
-    assert con.execute("SELECT ts FROM requests").fetchone()[0] == 3.0
+    assert con.execute("SELECT ts_us FROM requests").fetchone()[0] == 3_000_000
 
 
 def test_field_mapping_dotted_path(con, tmp_path):
@@ -571,7 +592,7 @@ def test_field_mapping_dotted_path(con, tmp_path):
     s = ingest(con, [str(p)], fields={"tenant": "request.metadata.user_id", "timestamp": "meta.when",
                                       "session": "meta.conv.id", "key": "request.model"})
     assert s.loaded == 2
-    rows = con.execute("SELECT tenant, ts, session, prompt_cache_key FROM requests ORDER BY request_id").fetchall()
+    rows = con.execute("SELECT tenant, ts_us / 1000000 AS ts, session, prompt_cache_key FROM requests ORDER BY request_id").fetchall()
     assert rows[0] == ("u-42", 1704067200.0, "77", "claude-sonnet-4")
     assert rows[1][0] == "default"  # mapped path absent → default tenant
     with pytest.raises(ValueError):
@@ -703,7 +724,7 @@ def _same_value(a, b) -> bool:
 def test_fast_parser_reads_what_the_standard_parser_reads():
     import random
 
-    from replay.readers.formats import JSONDecodeError, loads, loads_fast
+    from replay.store.jsontext import JSONDecodeError, loads, loads_fast
     from replay.readers.ingest import _parse_line
 
     rng = random.Random(0)
@@ -729,7 +750,7 @@ def test_blob_text_equals_the_standard_serialization():
 
     import orjson
 
-    from replay.readers.formats import compact_dumps
+    from replay.store.jsontext import compact_dumps
     from replay.readers.ingest import _text, _text_of
 
     rng = random.Random(1)
@@ -765,7 +786,7 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
     calls = {"commits": 0}
 
     def insert(self, table, tbl, schema):
-        if fail_on == "requests" and table == "requests" and min(tbl.column("ts").to_pylist()) >= 10:
+        if fail_on == "requests" and table == "requests" and min(tbl.column("ts_us").to_pylist()) >= 10_000_000:
             raise duckdb.ConstraintException("planted")
         return real_insert(self, table, tbl, schema)
 
@@ -784,7 +805,7 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
     with pytest.raises(duckdb.Error, match="planted"):
         ingest(con, [str(p) for p in paths])
     assert con.execute("SELECT path FROM sources").fetchall() == [(str(paths[0]),)]
-    assert con.execute("SELECT max(ts) FROM requests").fetchone()[0] < 10
+    assert con.execute("SELECT max(ts_us) FROM requests").fetchone()[0] < 10_000_000
     monkeypatch.undo()
     s = ingest(con, [str(p) for p in paths])
     check_reconciles(con, s)

@@ -10,16 +10,19 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from replay.store import db
 from replay.core import oracle
-from replay.providers.profiles import (
-    PROFILES, AnthropicRequest, anthropic_layout, get_profile, list_profiles, openai_round,
-    profile_for_model, profile_sweep, request_hits, simulate_anthropic,
-)
+from replay.core.grid import Grid
+from replay.core.sweep import sweep
+from replay.core.times import ttl_us
+from replay.prepare import prepare
+from replay.providers.catalog import PROFILES, get_profile, list_profiles, profile_for_model
+from replay.providers.profiles import profile_sweep
+from replay.providers.request_hits import request_hits
+from replay.providers.simulators import AnthropicRequest, anthropic_layout, openai_round, simulate_anthropic
+from replay.store import db
 from replay.text.render import render_request
-from replay.core.sweep import Grid, sweep
 
-from gen import random_requests
+from gen import US, random_requests
 from test_mlx_profile import oracle as mlx_oracle
 
 MODES4 = ("tenant", "key", "session", "global")
@@ -38,22 +41,23 @@ def make_db(reqs, usage=None, bodies=None):
         seg_ids += [sid, oid]
         seg_tok += [list(r.tokens), list(r.output)]
         u = (usage or {}).get(i, (None, None, None))
-        rows.append((i, r.ts, r.tenant, r.key, r.session, sid, oid, len(r.tokens), len(r.output), *u))
+        rows.append((i, r.ts, r.tenant, r.key, r.session, r.model, sid, oid, len(r.tokens), len(r.output), *u))
     con.register("_s", pa.table({"seg_id": pa.array(seg_ids, pa.uint64()),
                                  "n_tokens": pa.array([len(t) for t in seg_tok], pa.int32()),
                                  "tokens": pa.array(seg_tok, pa.list_(pa.int32()))}))
     con.execute("INSERT INTO segments SELECT * FROM _s")
-    for (i, ts, ten, key, ses, sid, oid, nt, no, up, uc, uw) in rows:
+    for (i, ts, ten, key, ses, model, sid, oid, nt, no, up, uc, uw) in rows:
         fmt, body = ("tokens", None) if not bodies or i not in bodies else bodies[i]
-        con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts, tenant, prompt_cache_key, "
-                    "session, body, usage_prompt_tokens, usage_cached_tokens, usage_cache_write_tokens) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", [i, 0, i + 1, fmt, ts, ten, key, ses, body, up, uc, uw])
+        con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts_us, tenant, prompt_cache_key, "
+                    "session, model, body, usage_prompt_tokens, usage_cached_tokens, usage_cache_write_tokens) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [i, 0, i + 1, fmt, ts, ten, key, ses, model, body, up, uc, uw])
         con.execute("INSERT INTO prompts VALUES (?, ?, ?, ?, ?, ?)", [i, nt, [sid], [1], [oid], no])
     return con
 
 
 def brute_walk_hit(reqs, mode, ttl, with_output, block, min_prefix, cap_last):
-    L = oracle.ceiling(reqs, mode, ttl, with_output=with_output)
+    L = oracle.ceiling(reqs, mode, ttl_us(ttl), with_output=with_output)
     out = []
     for r, x in zip(reqs, L):
         h = (x // block) * block
@@ -91,11 +95,12 @@ def test_registry_lists_the_required_profiles_with_sources():
 # ----------------------------------------------------------------------------- walk profiles
 
 @pytest.mark.parametrize("seed", range(8))
-def test_ideal_profile_equals_the_sql_sweep(seed):
-    reqs = random_requests(seed, n=6 + 3 * seed)
+def test_ideal_profile_equals_the_sweep(seed):
+    reqs = random_requests(seed, n=6 + 3 * seed, models=(None, "m") if seed % 2 else (None,))
     con = make_db(reqs)
     grid = Grid(ttls=TTLS, blocks=(1, 2, 3), min_prefixes=(0, 4), streams=MODES4)
     got = profile_sweep(con, ["ideal"], grid, store=False)
+    prepare(con, modes=MODES4)
     want = sweep(con, grid, store=False)
     cols = ["stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "requests_hit"]
     assert got.select(cols).sort(cols[:4]).to_dicts() == want.select(cols).sort(cols[:4]).to_dicts()
@@ -104,7 +109,8 @@ def test_ideal_profile_equals_the_sql_sweep(seed):
 @pytest.mark.parametrize("name", ["vllm", "sglang", "mooncake", "deepseek"])
 @pytest.mark.parametrize("seed", range(6))
 def test_walk_profiles_equal_brute_force(name, seed):
-    reqs = random_requests(100 + seed, n=8 + 4 * seed, alphabet=3, max_len=60)
+    reqs = random_requests(100 + seed, n=8 + 4 * seed, alphabet=3, max_len=60, jitter_us=(0, -1, 1),
+                           models=(None, "m") if seed % 2 else (None,))
     # shrink the fixed block so small generated prompts exercise the rounding
     prof = get_profile(name)
     prof = replace(prof, block={16: 2, 1: 1, 512: 5, 64: 3}[prof.block],
@@ -143,7 +149,7 @@ def test_deepseek_keeps_the_output_and_rounds_to_64():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_mlx_profile_equals_brute_force_per_stream(seed):
-    reqs = random_requests(200 + seed, n=10 + 3 * seed)
+    reqs = random_requests(200 + seed, n=10 + 3 * seed, models=(None, "m") if seed % 2 else (None,))
     con = make_db(reqs)
     prof = get_profile("mlx-lm:cache_size=3")
     df = request_hits(con, prof, Grid(streams=("tenant", "global")))
@@ -152,7 +158,7 @@ def test_mlx_profile_equals_brute_force_per_stream(seed):
         want = {}
         streams = {}
         for i in order:
-            streams.setdefault(oracle.stream_of(reqs[i], mode), []).append(i)
+            streams.setdefault(oracle.cache_of(reqs[i], mode), []).append(i)
         for ids in streams.values():
             hits = mlx_oracle([reqs[i].tokens for i in ids], [reqs[i].output for i in ids], 3)
             want.update(zip(ids, hits))
@@ -164,13 +170,13 @@ def test_mlx_profile_equals_brute_force_per_stream(seed):
 
 def brute_openai(reqs, ttl, min_t, step, replicas=1, rpm=15, route_n=256):
     order = oracle.time_order(reqs)
-    part = lambda r: (r.tenant, r.key)  # noqa: E731
+    part = lambda r: (r.tenant, r.key, r.model)  # noqa: E731
     machine = {}
     for pos, i in enumerate(order):
         r = reqs[i]
         # earlier requests (processing order) of the same partition and route within 60 s
         k = sum(1 for j in order[:pos] if part(reqs[j]) == part(r)
-                and tuple(reqs[j].tokens[:route_n]) == tuple(r.tokens[:route_n]) and r.ts - reqs[j].ts < 60)
+                and tuple(reqs[j].tokens[:route_n]) == tuple(r.tokens[:route_n]) and r.ts - reqs[j].ts < 60 * US)
         machine[i] = (k // rpm) % replicas if replicas > 1 else 0
     out = {}
     for pos, i in enumerate(order):
@@ -178,7 +184,7 @@ def brute_openai(reqs, ttl, min_t, step, replicas=1, rpm=15, route_n=256):
         best = 0
         for j in order[:pos]:
             e = reqs[j]
-            if part(e) == part(r) and machine[j] == machine[i] and r.ts - e.ts <= ttl:
+            if part(e) == part(r) and machine[j] == machine[i] and r.ts - e.ts <= ttl_us(ttl):
                 best = max(best, oracle.lcp(r.tokens, e.tokens))
         out[i] = 0 if best < min_t else min_t + ((best - min_t) // step) * step
     return out
@@ -187,7 +193,8 @@ def brute_openai(reqs, ttl, min_t, step, replicas=1, rpm=15, route_n=256):
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 @pytest.mark.parametrize("seed", range(5))
 def test_openai_profile_equals_brute_force(seed, replicas):
-    reqs = random_requests(300 + seed, n=12 + 4 * seed, alphabet=3, max_len=50, gaps=(0, 1, 5, 20, 70))
+    reqs = random_requests(300 + seed, n=12 + 4 * seed, alphabet=3, max_len=50, gaps=(0, 1, 5, 20, 60, 70),
+                           jitter_us=(0, -1, 1), models=(None, "m") if seed % 2 else (None,))
     con = make_db(reqs)
     prof = replace(get_profile("openai-gpt-5"), min_prefix=6, step=4,
                    params={"replicas": replicas, "rpm": 2, "route_tokens": 3})
@@ -227,13 +234,13 @@ def brute_anthropic(reqs, min_tokens, lookback, max_bp=4):
         elig = {}
         for p, t in bps:
             if p >= min_tokens:
-                elig[p] = max(t, elig.get(p, 0.0))
+                elig[p] = max(t, elig.get(p, 0))
         w5 = w1 = 0
         prev = read
         for p in sorted(elig):
             t = elig[p]
             if p > prev:
-                if t > 300:
+                if t > 300 * US:
                     w1 += p - prev
                 else:
                     w5 += p - prev
@@ -250,13 +257,13 @@ def brute_anthropic(reqs, min_tokens, lookback, max_bp=4):
 def random_anthropic(seed, n):
     rng = random.Random(seed)
     base = [rng.randrange(3) for _ in range(60)]
-    reqs, t = [], 0.0
+    reqs, t = [], 0
     for _ in range(n):
-        t += rng.choice((0, 1, 50, 200, 400, 3000, 4000))
+        t += rng.choice((0, 1, 50, 200, 300, 400, 3000, 3600, 4000)) * US + rng.choice((0, -1, 1))
         cut = rng.randrange(10, 60)
         toks = base[:cut] + [rng.randrange(3) for _ in range(rng.randrange(0, 8))]
         bounds = sorted(set(rng.sample(range(1, len(toks) + 1), k=min(len(toks), rng.randrange(1, 30)))))
-        bps = [(rng.choice(bounds), rng.choice((300.0, 300.0, 3600.0))) for _ in range(rng.randrange(0, 6))]
+        bps = [(rng.choice(bounds), rng.choice((300, 300, 3600)) * US) for _ in range(rng.randrange(0, 6))]
         reqs.append(AnthropicRequest(t, rng.choice(("a", "b")), np.array(toks), bps, bounds))
     return reqs
 
@@ -274,20 +281,21 @@ def test_anthropic_hand_cases():
     A = AnthropicRequest
     # a hit only at a breakpoint: the second request's breakpoint sits later, the earlier
     # breakpoint position is found through the lookback
-    r1 = A(0, "s", t[:2000], [(2000, 300.0)], [1000, 2000])
-    r2 = A(10, "s", t[:3000], [(3000, 300.0)], [1000, 2000, 3000])
+    r1 = A(0, "s", t[:2000], [(2000, 300 * US)], [1000, 2000])
+    r2 = A(10 * US, "s", t[:3000], [(3000, 300 * US)], [1000, 2000, 3000])
     assert simulate_anthropic([r1, r2], 1024, 20) == [(0, 2000, 0), (2000, 1000, 0)]
     assert simulate_anthropic([r1, r2], 1024, 0) == [(0, 2000, 0), (0, 3000, 0)]  # no lookback: miss
     # expiry after 5 minutes unless refreshed by a hit
-    r3 = A(400, "s", t[:2000], [(2000, 300.0)], [2000])
+    r3 = A(400 * US, "s", t[:2000], [(2000, 300 * US)], [2000])
     assert simulate_anthropic([r1, r3], 1024)[1] == (0, 2000, 0)
-    assert simulate_anthropic([r1, replace(r3, ts=300)], 1024)[1] == (2000, 0, 0)
-    mid = A(200, "s", t[:2000], [(2000, 300.0)], [2000])
-    assert simulate_anthropic([r1, mid, r3], 1024)[2] == (2000, 0, 0)  # refreshed at 200
+    assert simulate_anthropic([r1, replace(r3, ts=300 * US)], 1024)[1] == (2000, 0, 0)  # exactly 5 min: a hit
+    assert simulate_anthropic([r1, replace(r3, ts=300 * US + 1)], 1024)[1] == (0, 2000, 0)
+    mid = A(200 * US, "s", t[:2000], [(2000, 300 * US)], [2000])
+    assert simulate_anthropic([r1, mid, r3], 1024)[2] == (2000, 0, 0)  # refreshed at 200 s
     # 1h breakpoint survives 40 minutes; under the minimum nothing is cached or read
-    h1 = A(0, "s", t[:2000], [(2000, 3600.0)], [2000])
-    assert simulate_anthropic([h1, replace(r3, ts=2400)], 1024) == [(0, 0, 2000), (2000, 0, 0)]
-    small = [A(0, "s", t[:900], [(900, 300.0)], [900]), A(1, "s", t[:900], [(900, 300.0)], [900])]
+    h1 = A(0, "s", t[:2000], [(2000, 3600 * US)], [2000])
+    assert simulate_anthropic([h1, replace(r3, ts=2400 * US)], 1024) == [(0, 0, 2000), (2000, 0, 0)]
+    small = [A(0, "s", t[:900], [(900, 300 * US)], [900]), A(1, "s", t[:900], [(900, 300 * US)], [900])]
     assert simulate_anthropic(small, 1024) == [(0, 0, 0), (0, 0, 0)]
 
 
@@ -298,30 +306,32 @@ def test_anthropic_layout_from_a_body():
                 {"role": "user", "content": "c"}]}
     pieces = render_request(body)
     seg = [5] * len(pieces)
-    bps, bounds = anthropic_layout(body, seg, "anthropic", 300.0, auto=True)
+    bps, bounds = anthropic_layout(body, seg, "anthropic", 300 * US, auto=True)
     # pieces: bos, system, S.., user, a, block, b, user, c, assistant
     assert [k for k, _, _ in pieces] == ["marker", "marker", "text", "marker", "text", "marker", "text",
                                          "marker", "text", "marker"]
-    assert bps == [(15, 3600.0), (35, 300.0)]
+    assert bps == [(15, 3600 * US), (35, 300 * US)]
     assert bounds == [15, 25, 35, 45]
     nobp = {"messages": [{"role": "user", "content": "x"}]}
-    assert anthropic_layout(nobp, [5, 5, 5, 5], "anthropic", 300.0, auto=True)[0] == [(15, 300.0)]
-    assert anthropic_layout(nobp, [5, 5, 5, 5], "anthropic", 300.0, auto=False)[0] == []
+    assert anthropic_layout(nobp, [5, 5, 5, 5], "anthropic", 300 * US, auto=True)[0] == [(15, 300 * US)]
+    assert anthropic_layout(nobp, [5, 5, 5, 5], "anthropic", 300 * US, auto=False)[0] == []
     top = {**nobp, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
-    assert anthropic_layout(top, [5, 5, 5, 5], "anthropic", 300.0, auto=False)[0] == [(15, 3600.0)]
+    assert anthropic_layout(top, [5, 5, 5, 5], "anthropic", 300 * US, auto=False)[0] == [(15, 3600 * US)]
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_anthropic_profile_on_a_db_equals_brute_force(seed):
     # tokens-format requests: the automatic breakpoint at the end of the prompt
-    reqs = random_requests(400 + seed, n=15, alphabet=3, max_len=40, gaps=(0, 1, 100, 400))
+    reqs = random_requests(400 + seed, n=15, alphabet=3, max_len=40, gaps=(0, 1, 100, 300, 400),
+                           jitter_us=(0, -1, 1), models=(None, "m") if seed % 2 else (None,))
     con = make_db(reqs)
     prof = replace(get_profile("anthropic-sonnet-4-5"), min_prefix=5)
     df = request_hits(con, prof, Grid(ttls=(300.0, 3600.0), streams=("tenant",)))
     order = oracle.time_order(reqs)
     for ttl in (300.0, 3600.0):
-        areqs = [AnthropicRequest(reqs[i].ts, f"tenant:{reqs[i].tenant}", np.array(reqs[i].tokens, dtype=np.int64),
-                                  [(len(reqs[i].tokens), ttl)] if reqs[i].tokens else [],
+        areqs = [AnthropicRequest(reqs[i].ts, f"tenant:{reqs[i].tenant}|{reqs[i].model}",
+                                  np.array(reqs[i].tokens, dtype=np.int64),
+                                  [(len(reqs[i].tokens), ttl_us(ttl))] if reqs[i].tokens else [],
                                   [len(reqs[i].tokens)] if reqs[i].tokens else []) for i in order]
         want = dict(zip(order, brute_anthropic(areqs, 5, 20)))
         sub = df.filter(df["ttl"] == ttl)

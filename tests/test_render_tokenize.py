@@ -73,9 +73,9 @@ def add_requests(con, rows: list[dict]) -> None:
     start = con.execute("SELECT coalesce(max(request_id), -1) + 1 FROM requests").fetchone()[0]
     for i, r in enumerate(rows):
         con.execute(
-            "INSERT INTO requests (request_id, source_id, line_no, format, ts, tenant, body, output,"
+            "INSERT INTO requests (request_id, source_id, line_no, format, ts_us, tenant, body, output,"
             " tokens, output_tokens, block_ids) VALUES (?, 0, ?, ?, ?, 'default', ?, ?, ?, ?, ?)",
-            [start + i, i + 1, r.get("format", "anthropic"), float(i),
+            [start + i, i + 1, r.get("format", "anthropic"), i * 1_000_000,
              None if r.get("body") is None else compact_json(r["body"]),
              None if r.get("output") is None else compact_json(r["output"]),
              r.get("tokens"), r.get("output_tokens"), r.get("block_ids")])
@@ -499,13 +499,62 @@ def test_a_failed_commit_keeps_the_chunks_before_it_and_a_rerun_completes(tok, m
             con.execute("SELECT * FROM segments ORDER BY seg_id").fetchall()) == want
 
 
-def test_unrenderable_body_is_counted_not_fatal(tok, capsys):
+def test_an_unrenderable_request_is_set_aside_and_the_pipeline_goes_on(tok, capsys):
+    """A request the stage cannot render is set aside with its reason (no prompt
+    text), stays loaded, is not tried again, and the replay and sweep go on
+    without it (they used to refuse: "run the tokenize stage first")."""
+    from replay.core.grid import Grid
+    from replay.core.sweep import sweep
+    from replay.prepare import prepare
+
     con = db.connect(None)
     add_requests(con, [{"body": {"messages": [{"role": "user", "content": "ok"}]}},
-                       {"format": "tokens"}])
+                       {"format": "tokens"},
+                       {"body": {"messages": [{"role": "user", "content": "ok again"}]}}])
     s = tokenize_stage(con, tok)
-    assert s.new_prompts == 1 and s.failed == 1
-    assert "request 1" in capsys.readouterr().err
+    assert s.new_prompts == 2 and s.failed == 1
+    assert "set aside" in capsys.readouterr().err
+    aside = con.execute("SELECT request_id, stage, reason, detail FROM set_aside").fetchall()
+    assert aside == [(1, "tokenize", "unrenderable", "cannot render the request body (ValueError)")]
+    assert db.untokenized(con) == 0
+    assert tokenize_stage(con, tok).requests == 0  # not tried again
+    prepare(con, modes=("global",))
+    df = sweep(con, Grid(streams=("global",), ttls=(float("inf"),), blocks=(1,), min_prefixes=(0,)))
+    assert df["requests"].to_list() == [2]
+    loaded = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    replayed = con.execute("SELECT count(*) FROM walks WHERE mode = 'global'").fetchone()[0]
+    assert loaded == replayed + len(aside)  # the counts reconcile
+
+
+def test_a_request_with_an_unrenderable_body_part_is_set_aside(tmp_path, tok, monkeypatch):
+    """Bodies stored as content-addressed parts: a part that cannot be rendered sets
+    aside every request holding it, and only those."""
+    from replay.readers.ingest import ingest
+    from replay.synth.generator import generate
+    from replay.text import tokenize as tokenize_module
+
+    generate(tmp_path / "logs", seed=3, scale=0.2)
+    con = db.connect(tmp_path / "x.duckdb")
+    ingest(con, [str(tmp_path / "logs")])
+    bad = con.execute("SELECT blob_id, text FROM blobs WHERE kind = 'message' LIMIT 1").fetchone()
+    bad_obj = json.loads(bad[1])
+    holders = {r for (r,) in con.execute("SELECT request_id FROM requests WHERE list_contains(body_blobs, ?)",
+                                         [bad[0]]).fetchall()}
+    real = tokenize_module.render_part
+
+    def render_part(kind, obj, part=2):
+        if kind == "message" and obj == bad_obj:
+            raise RecursionError("too deep")
+        return real(kind, obj, part)
+
+    monkeypatch.setattr(tokenize_module, "render_part", render_part)
+    monkeypatch.setenv("REPLAY_ENCODER", "inline")  # (the helper process would render it itself)
+    s = tokenize_stage(con, tokenize_module.load_tokenizer())
+    aside = dict(con.execute("SELECT request_id, detail FROM set_aside").fetchall())
+    assert set(aside) == holders and s.failed == len(holders) > 0
+    assert all(d == "cannot render the request body (RecursionError)" for d in aside.values())
+    n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+    assert con.execute("SELECT count(*) FROM prompts").fetchone()[0] == n - len(holders)
 
 
 def make_local_tokenizer(d):

@@ -1,4 +1,4 @@
-"""The SQL sweep over stored walks against the brute-force sweep."""
+"""The sweep over stored walks, and the hit kernel, against the brute-force definition."""
 
 import math
 import os
@@ -8,11 +8,15 @@ import numpy as np
 import polars as pl
 import pytest
 
-from replay.store import db
+from replay.core import hits as hits_module
 from replay.core import oracle
-from replay.core import sweep as sweep_module
-from replay.core.replay import MODES, replay_prompts, store_walks
-from replay.core.sweep import Grid, Walks, format_ttl, hit_counts, hit_counts_numpy, parse_ttl, sweep
+from replay.core.grid import Grid
+from replay.core.replay import replay_prompts, store_walks
+from replay.core.streams import MODES, stream_key
+from replay.core.sweep import sweep
+from replay.core.times import INF_US, format_ttl, parse_ttl, ttl_us
+from replay.store import db
+from replay.store.walksets import StaleWalks
 
 from gen import random_requests
 from test_trie import _prompts
@@ -20,17 +24,21 @@ from test_trie import _prompts
 GRID = Grid(ttls=(0, 2, 5, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4),
             streams=("tenant", "key", "session", "global"))
 
-
-COMPILED = sweep_module._compiled_hit_counts
+COMPILED = hits_module._compiled
 
 
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def counts_engine(request, monkeypatch):
-    """Every test here runs with the compiled counts and with the numpy ones."""
+    """Every test here runs with the compiled kernel and with the numpy one."""
     if request.param == "compiled" and COMPILED is None:
-        pytest.skip("the compiled sweep counts are not built here")
-    monkeypatch.setattr(sweep_module, "_compiled_hit_counts", COMPILED if request.param == "compiled" else None)
+        pytest.skip("the compiled hit kernel is not built here")
+    monkeypatch.setattr(hits_module, "_compiled", COMPILED if request.param == "compiled" else None)
     return request.param
+
+
+def _store(con, reqs, modes=MODES, horizon_us=INF_US):
+    res = replay_prompts(_prompts(reqs), modes, horizon_us=horizon_us)
+    store_walks(con, {k: v for k, v in res.items() if k != "_nodes"}, horizon_us)
 
 
 def test_the_compiled_counts_are_built_where_a_compiler_is(counts_engine):
@@ -43,7 +51,7 @@ def test_the_compiled_counts_are_built_where_a_compiler_is(counts_engine):
     assert COMPILED is not None
 
 
-def _brute_counts(w: Walks, group, n_groups, grid: Grid):
+def _brute_counts(w, group, n_groups, grid: Grid):
     """semantics.md written out request by request: L_τ the deepest step within
     the TTL, floored to whole blocks, nothing below the minimum prefix."""
     hits = np.zeros((n_groups, len(grid.ttls), len(grid.min_prefixes), len(grid.blocks)), dtype=np.int64)
@@ -51,7 +59,7 @@ def _brute_counts(w: Walks, group, n_groups, grid: Grid):
     for r in range(len(w.offsets) - 1):
         steps = list(zip(w.gaps[w.offsets[r]:w.offsets[r + 1]], w.depths[w.offsets[r]:w.offsets[r + 1]]))
         for ti, ttl in enumerate(grid.ttls):
-            L = max([d for g, d in steps if g <= ttl], default=0)
+            L = max([d for g, d in steps if g <= ttl_us(ttl)], default=0)
             for bi, b in enumerate(grid.blocks):
                 h = (L // b) * b
                 for mi, m in enumerate(grid.min_prefixes):
@@ -68,14 +76,19 @@ def _random_walks(rng, n):
     gaps, depths, offsets = [], [], [0]
     for _ in range(n):
         k = int(rng.integers(0, 5))
-        g = np.sort(rng.choice([0.0, 1.0, 2.0, 5.0, 30.0, 59.999, 60.0, 600.0, 7200.0], size=k, replace=False))
+        g = np.sort(rng.choice([0, 1, 2, 5, 30, 59_999_999, 60_000_000, 60_000_001, 600_000_000, 7200_000_000],
+                               size=k, replace=False))
         d = np.sort(rng.choice(np.arange(1, 3000), size=k, replace=False))
         gaps += g.tolist()
         depths += d.tolist()
         offsets.append(offsets[-1] + k)
-    return Walks(mode=np.zeros(n, dtype=np.int64), stream=None, prompt_tokens=np.zeros(n, dtype=np.int64),
-                 offsets=np.asarray(offsets, dtype=np.int64), gaps=np.asarray(gaps, dtype=np.float64),
-                 depths=np.asarray(depths, dtype=np.int64))
+
+    class W:
+        pass
+    w = W()
+    w.offsets, w.gaps, w.depths = (np.asarray(offsets, dtype=np.int64), np.asarray(gaps, dtype=np.int64),
+                                   np.asarray(depths, dtype=np.int64))
+    return w
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -87,10 +100,10 @@ def test_hit_counts_equal_the_definition_request_by_request(seed):
     w = _random_walks(rng, int(rng.integers(0, 60)))
     n_groups = int(rng.integers(1, 7))
     group = rng.integers(0, n_groups, size=len(w.offsets) - 1)
-    grid = Grid(ttls=(0.0, 1.0, 60.0, 600.0, math.inf), blocks=(1, 7, 16, 512, 5000),
+    grid = Grid(ttls=(0.0, 0.000001, 60.0, 600.0, math.inf), blocks=(1, 7, 16, 512, 5000),
                 min_prefixes=(0, 1, 16, 1024, 2999), streams=("global",))
     want = _brute_counts(w, group, n_groups, grid)
-    got = hit_counts(w, group, n_groups, grid)
+    got = hits_module.hit_counts(w.offsets, w.gaps, w.depths, group, n_groups, *grid.arrays())
     assert got[0].shape == want[0].shape and got[0].dtype == np.int64 and got[1].dtype == np.int64
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
@@ -104,10 +117,12 @@ def test_the_compiled_and_the_numpy_counts_agree_on_a_large_random_grid():
     grid = Grid(ttls=tuple(sorted(rng.choice([0.0, 1.0, 2.0, 5.0, 30.0, 60.0, 600.0, 7200.0, math.inf], 6,
                                              replace=False))[::-1]),
                 blocks=(512, 1, 3, 64), min_prefixes=(2048, 0, 100), streams=("global",))
-    args = (w, np.asarray(group, dtype=np.int64), 40, np.asarray(grid.ttls), np.asarray(grid.blocks),
-            np.asarray(grid.min_prefixes))
-    a, b = COMPILED(w.offsets, w.gaps, w.depths, *args[1:]), hit_counts_numpy(*args)
+    args = (w.offsets, w.gaps, w.depths, np.asarray(group, dtype=np.int64), 40, *grid.arrays())
+    a, b = COMPILED.hit_counts(*args), hits_module.hit_counts_numpy(*args)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[0].sum() > 0
+    ttls = grid.arrays()[0]
+    assert np.array_equal(COMPILED.depths_under(w.offsets, w.gaps, w.depths, ttls),
+                          hits_module.depths_under_numpy(w.offsets, w.gaps, w.depths, ttls))
 
 
 def test_hit_counts_refuse_a_group_out_of_range():
@@ -115,8 +130,8 @@ def test_hit_counts_refuse_a_group_out_of_range():
         pytest.skip("the compiled sweep counts are not built here")
     w = _random_walks(np.random.default_rng(1), 3)
     with pytest.raises(ValueError, match="group"):
-        COMPILED(w.offsets, w.gaps, w.depths, np.array([0, 1, 2]), 2, np.array([1.0]), np.array([1]),
-                 np.array([0]))
+        COMPILED.hit_counts(w.offsets, w.gaps, w.depths, np.array([0, 1, 2]), 2, np.array([1]), np.array([1]),
+                            np.array([0]))
 
 
 def _rounded(rows):
@@ -124,10 +139,12 @@ def _rounded(rows):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_sql_sweep_equals_oracle(seed):
-    reqs = random_requests(seed, n=5 + 3 * seed)
+def test_sweep_equals_oracle(seed):
+    """Gaps on, under and over the TTLs by a µs; two models in half the logs."""
+    reqs = random_requests(seed, n=5 + 3 * seed, jitter_us=(0, 0, -1, 1),
+                           models=(None, "m1", "m2") if seed % 2 else (None,))
     con = db.connect(None)
-    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), MODES).items() if k != "_nodes"})
+    _store(con, reqs)
     got = sweep(con, GRID).to_dicts()
     want = oracle.sweep(reqs, GRID.streams, GRID.ttls, GRID.blocks, GRID.min_prefixes)
     key = lambda r: (r["stream"], r["ttl_s"] if r["ttl_s"] is not None else math.inf, r["block"], r["min_prefix"])
@@ -140,7 +157,7 @@ def test_sql_sweep_equals_oracle(seed):
 def test_by_stream_rows_add_up_to_the_aggregate():
     reqs = random_requests(3, n=30)
     con = db.connect(None)
-    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), MODES).items() if k != "_nodes"})
+    _store(con, reqs)
     agg = sweep(con, GRID)
     per = sweep(con, GRID, by_stream=True)
     summed = per.group_by(["stream", "ttl_s", "block", "min_prefix"]).agg(
@@ -153,44 +170,42 @@ def test_by_stream_rows_add_up_to_the_aggregate():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_by_stream_rows_equal_the_oracle_on_each_stream_alone(seed):
-    """A stream's hits depend on its own requests only: each by-stream row is the
-    brute-force sweep of that stream's requests."""
-    from replay.core.replay import stream_key
-
-    reqs = random_requests(40 + seed, n=25 + 5 * seed)
+    """A cache's hits depend on its own requests only: each by-stream row is the
+    brute-force sweep of that cache's requests (its stream key and model)."""
+    reqs = random_requests(40 + seed, n=25 + 5 * seed, models=(None, "m1") if seed % 2 else (None,))
     con = db.connect(None)
-    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), MODES).items() if k != "_nodes"})
-    got = {(r["stream"], r["stream_key"], r["ttl_s"], r["block"], r["min_prefix"]): r
+    _store(con, reqs)
+    got = {(r["stream"], r["stream_key"], r["model"], r["ttl_s"], r["block"], r["min_prefix"]): r
            for r in _rounded(sweep(con, GRID, by_stream=True).to_dicts())}
     want = {}
     for mode in GRID.streams:
-        keys = {stream_key(mode, r.tenant, r.key, r.session) for r in reqs}
+        keys = {(stream_key(mode, r.tenant, r.key, r.session), r.model) for r in reqs}
         assert len(keys) > 1 or mode == "global"
-        for k in keys:
-            alone = [r for r in reqs if stream_key(mode, r.tenant, r.key, r.session) == k]
+        for k, model in keys:
+            alone = [r for r in reqs if (stream_key(mode, r.tenant, r.key, r.session), r.model) == (k, model)]
             for row in _rounded(oracle.sweep(alone, (mode,), GRID.ttls, GRID.blocks, GRID.min_prefixes)):
-                want[(mode, k, row["ttl_s"], row["block"], row["min_prefix"])] = {**row, "stream_key": k}
+                want[(mode, k, model, row["ttl_s"], row["block"], row["min_prefix"])] = {
+                    **row, "stream_key": k, "model": model}
     assert got.keys() == want.keys()
     assert all(got[k] == want[k] for k in want)
 
 
 def test_sweep_refuses_ttls_beyond_the_replay_horizon():
     con = db.connect(None)
-    reqs = random_requests(1, n=10)
-    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), MODES, horizon=10).items() if k != "_nodes"})
-    db.set_meta(con, "replay_horizon", "10.0")
-    with pytest.raises(RuntimeError, match="horizon"):
+    _store(con, random_requests(1, n=10), horizon_us=10 * 1_000_000)
+    assert len(sweep(con, Grid(ttls=(5, 10), streams=("global",)))) > 0
+    with pytest.raises(StaleWalks, match="stale"):
+        sweep(con, Grid(ttls=(5, 10.000001), streams=("global",)))
+    with pytest.raises(StaleWalks):
         sweep(con, Grid(ttls=(5, math.inf), streams=("global",)))
 
 
 def test_sweep_refuses_stream_modes_the_replay_did_not_walk():
     con = db.connect(None)
-    reqs = random_requests(2, n=10)
-    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), ("tenant", "global")).items()
-                      if k != "_nodes"})
+    _store(con, random_requests(2, n=10), modes=("tenant", "global"))
     con.execute("SELECT count(*) FROM walks").fetchone()  # a result left unfinished, as a notebook may
     assert len(sweep(con, Grid(streams=("global", "tenant")))) == Grid(streams=("global", "tenant")).size
-    with pytest.raises(RuntimeError, match=r"no walks for stream mode\(s\) \['session'\]"):
+    with pytest.raises(StaleWalks, match="session"):
         sweep(con, Grid(streams=("global", "session")))
 
 
@@ -212,7 +227,7 @@ def test_the_sweep_frame_has_its_column_types_and_equals_the_stored_rows():
     results hold the same rows."""
     reqs = random_requests(4, n=20)
     con = db.connect(None)
-    store_walks(con, {k: v for k, v in replay_prompts(_prompts(reqs), MODES).items() if k != "_nodes"})
+    _store(con, reqs)
     df = sweep(con, GRID)
     want = {"stream": pl.String, "ttl_s": pl.Float64, "block": pl.Int64, "min_prefix": pl.Int64,
             "requests": pl.Int64, "prompt_tokens": pl.Int64, "hit_tokens": pl.Int64,
@@ -222,5 +237,22 @@ def test_the_sweep_frame_has_its_column_types_and_equals_the_stored_rows():
     stored = con.execute(f"SELECT {', '.join(want)} FROM results WHERE profile = 'ideal'").fetchall()
     assert sorted(stored, key=repr) == sorted(df.rows(), key=repr)
     per = sweep(con, GRID, by_stream=True)
-    assert dict(per.schema) == {"stream": pl.String, "stream_key": pl.String, **{k: v for k, v in want.items()
-                                                                                if k != "stream"}}
+    assert dict(per.schema) == {"stream": pl.String, "stream_key": pl.String, "model": pl.String,
+                                **{k: v for k, v in want.items() if k != "stream"}}
+
+
+@pytest.mark.parametrize("text,us", [("0.3", 300_000), ("0.000001", 1), ("1.5h", 5_400_000_000), ("0", 0),
+                                     ("inf", INF_US), ("60", 60_000_000)])
+def test_a_ttl_in_seconds_is_whole_microseconds_exactly(text, us):
+    """0.3 s is 300,000 µs, not 299,999 (the float 0.3 is a hair under it)."""
+    assert ttl_us(parse_ttl(text)) == us
+
+
+def test_walks_of_other_data_are_stale():
+    """The sweep refuses walks replayed from other requests: a request added after."""
+    con = db.connect(None)
+    _store(con, random_requests(5, n=10))
+    con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts_us, tenant) "
+                "VALUES (999, 1, 1, 'mooncake', 0, 'x')")
+    with pytest.raises(StaleWalks):
+        sweep(con, Grid(streams=("global",)))

@@ -1,9 +1,8 @@
 """The trie walk against the brute-force definition (semantics.md).
 
-Every test here runs twice: with the compiled trie (replay/_trie.pyx) and with
-the Python one (replay.core.trie.PythonTrie)."""
+Every test here runs twice: with the compiled trie (replay/core/_trie.pyx) and
+with the Python one (replay.core.trie.PythonTrie). Times are integer µs."""
 
-import math
 import shutil
 import sys
 
@@ -11,12 +10,16 @@ import numpy as np
 import pytest
 
 from replay.core import oracle
+from replay.core import prompts as prompts_module
 from replay.core import replay as replay_module
 from replay.core import trie as trie_module
-from replay.core.replay import MODES, Prompt, mooncake_symbols, replay_prompts
-from replay.core.trie import hit_length
+from replay.core.hits import depth_under
+from replay.core.prompts import Prompt, mooncake_symbols
+from replay.core.replay import replay_prompts
+from replay.core.streams import MODES
+from replay.core.times import INF_US
 
-from gen import random_requests
+from gen import TTLS_US, US, random_requests
 
 Trie = trie_module.Trie  # set to each implementation in turn by the fixture below
 
@@ -54,13 +57,13 @@ def test_the_compiled_and_the_python_trie_walk_alike(seed):
     if not trie_module.COMPILED:
         pytest.skip("the compiled trie is not built here")
     rng = np.random.default_rng(seed)
-    horizon = [math.inf, 50.0][seed % 2]
+    horizon = [INF_US, 50 * US][seed % 2]
     a, b = trie_module.Trie(horizon), trie_module.PythonTrie(horizon)
     bases = [rng.integers(0, 6, rng.integers(0, 300)) for _ in range(5)]
     prev = None
-    t = 0.0
+    t = 0
     for i in range(120):
-        t += float(rng.choice([0, 0, 1, 5, 30]))
+        t += int(rng.choice([0, 0, 1, 5, 30, 25, 50])) * US + int(rng.choice([0, 0, -1, 1]))
         base = bases[rng.integers(0, len(bases))]
         cut = int(rng.integers(0, len(base) + 1))
         seq = np.concatenate([base[:cut], rng.integers(0, 6, rng.integers(0, 80))])
@@ -78,94 +81,130 @@ def test_the_compiled_and_the_python_trie_walk_alike(seed):
             b.prune(t)
             assert a.nodes == b.nodes
 
-TTLS = (0, 1, 2, 5, 10, 30, math.inf)
-
-
 def _prompts(reqs):
     return [Prompt(i, reqs[i].ts, reqs[i].tenant, reqs[i].key, reqs[i].session,
                    np.array(reqs[i].tokens, dtype=np.int32), None,
-                   np.array(reqs[i].output, dtype=np.int32), len(reqs[i].tokens))
+                   np.array(reqs[i].output, dtype=np.int32), len(reqs[i].tokens), reqs[i].model)
             for i in oracle.time_order(reqs)]
+
+
+def _L(steps, ttl):
+    return depth_under([g for g, _ in steps], [d for _, d in steps], ttl)
+
+
+def _depths(rows, i, ttl):
+    return depth_under(rows[i][5], rows[i][6], ttl)
 
 
 @pytest.mark.parametrize("seed", range(60))
 def test_walks_equal_oracle_every_mode_ttl_and_variant(seed):
-    reqs = random_requests(seed, n=1 + seed % 37)
+    """Gaps fall exactly on, one µs under and one µs over each TTL; two models share
+    tenants, keys and sessions."""
+    reqs = random_requests(seed, n=1 + seed % 37, models=(None, "m1") if seed % 3 else (None,),
+                           jitter_us=(0, 0, -1, 1))
     res = replay_prompts(_prompts(reqs), MODES, ("prompt", "prompt+output"))
     for variant in ("prompt", "prompt+output"):
         for mode in MODES:
             rows = {r[0]: r for r in res[(variant, mode)]}
-            for ttl in TTLS:
+            for ttl in TTLS_US:
                 want = oracle.ceiling(reqs, mode, ttl, with_output=variant != "prompt")
-                got = [hit_length(rows[i][4], rows[i][5], ttl) for i in range(len(reqs))]
+                got = [_depths(rows, i, ttl) for i in range(len(reqs))]
                 assert got == want, (variant, mode, ttl)
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_pruned_trie_is_exact_within_its_horizon(seed):
-    reqs = random_requests(seed, n=40, gaps=(0, 1, 3, 7, 20))
-    horizon = 10.0
-    res = replay_prompts(_prompts(reqs), ("tenant", "global"), ("prompt",), horizon=horizon)
+    """Prune, walk and the shared-prefix shortcut agree at the horizon to the µs."""
+    reqs = random_requests(seed, n=40, gaps=(0, 1, 3, 5, 7, 10, 20), jitter_us=(0, 0, -1, 1))
+    horizon = 10 * US
+    res = replay_prompts(_prompts(reqs), ("tenant", "global"), ("prompt",), horizon_us=horizon)
     for mode in ("tenant", "global"):
         rows = {r[0]: r for r in res[("prompt", mode)]}
-        for ttl in (0, 1, 3, 7, 10):
+        for ttl in (0, 1 * US, 3 * US, 7 * US, 10 * US - 1, 10 * US):
             want = oracle.ceiling(reqs, mode, ttl)
-            assert [hit_length(rows[i][4], rows[i][5], ttl) for i in range(len(reqs))] == want
+            assert [_depths(rows, i, ttl) for i in range(len(reqs))] == want
 
 
 def test_pruning_bounds_memory_to_the_window():
     rng = np.random.default_rng(0)
-    t = Trie(horizon=10)
+    t = Trie(horizon=10 * US)
     for i in range(2000):
-        t.walk(rng.integers(0, 50_000, 64).astype(np.int32), float(i))
+        t.walk(rng.integers(0, 50_000, 64).astype(np.int32), i * US)
     # only prompts from the last ~15 s can still be held (prune runs every horizon/2)
     assert t.nodes <= 1 + 16
 
 
-def test_ttl_boundary_is_inclusive():
-    t = Trie()
-    t.walk(np.array([1, 2, 3]), 0.0)
-    steps = t.walk(np.array([1, 2, 3, 4]), 300.0)
-    assert hit_length(*zip(*steps), 300.0) == 3
-    assert hit_length(*zip(*steps), 299.999) == 0
+@pytest.mark.parametrize("unit_us", [1, 1_000, 1_000_000])
+def test_ttl_boundary_is_inclusive_to_the_microsecond(unit_us):
+    """A gap of exactly τ is a hit, one µs more is not (τ = 300 units of µs, ms, s)."""
+    ttl = 300 * unit_us
+    for gap, hit in ((ttl - 1, 3), (ttl, 3), (ttl + 1, 0)):
+        t = Trie()
+        t.walk(np.array([1, 2, 3]), 1_700_000_000 * US)
+        steps = t.walk(np.array([1, 2, 3, 4]), 1_700_000_000 * US + gap)
+        assert _L(steps, ttl) == hit, gap
+
+
+def test_a_gap_of_exactly_the_horizon_survives_pruning():
+    """Prune drops nodes idle for *more* than the horizon: a prompt exactly the
+    horizon later still finds its prefix, one µs later it does not."""
+    for late, hit in ((0, 3), (1, 0)):
+        t = Trie(horizon=60 * US)
+        t.walk(np.array([1, 2, 3]), 0)
+        t.walk(np.array([9, 9]), 59 * US)          # prunes at 59 s: nothing is old enough
+        steps = t.walk(np.array([1, 2, 3, 4]), 60 * US + late)
+        assert _L(steps, 60 * US) == hit
 
 
 def test_same_timestamp_hits_in_input_order():
     t = Trie()
-    assert t.walk(np.array([7, 8]), 5.0) == []
-    assert t.walk(np.array([7, 8, 9]), 5.0) == [(0.0, 2)]
+    assert t.walk(np.array([7, 8]), 5) == []
+    assert t.walk(np.array([7, 8, 9]), 5) == [(0, 2)]
 
 
 def test_empty_prompt_and_prompt_equal_to_an_earlier_one():
     t = Trie()
-    assert t.walk(np.array([], dtype=np.int32), 0.0) == []
-    t.walk(np.array([1, 2, 3]), 1.0)
-    assert t.walk(np.array([1, 2, 3]), 2.0) == [(1.0, 3)]
-    assert t.walk(np.array([], dtype=np.int32), 3.0) == []
+    assert t.walk(np.array([], dtype=np.int32), 0) == []
+    t.walk(np.array([1, 2, 3]), 1)
+    assert t.walk(np.array([1, 2, 3]), 2) == [(1, 3)]
+    assert t.walk(np.array([], dtype=np.int32), 3) == []
 
 
 def test_steps_refresh_and_split():
     t = Trie()
-    t.walk(np.array([1, 2, 3, 4, 5]), 0.0)
-    t.walk(np.array([1, 2, 9]), 10.0)   # refreshes [1, 2] at 10
-    steps = t.walk(np.array([1, 2, 3, 4, 5, 6]), 15.0)
-    assert steps == [(5.0, 2), (15.0, 5)]
+    t.walk(np.array([1, 2, 3, 4, 5]), 0)
+    t.walk(np.array([1, 2, 9]), 10)   # refreshes [1, 2] at 10
+    steps = t.walk(np.array([1, 2, 3, 4, 5, 6]), 15)
+    assert steps == [(5, 2), (15, 5)]
 
 
 def test_block_trace_depths_are_tokens_with_a_partial_last_block():
     a_sym, a_cum = mooncake_symbols([0, 1, 2], 512 * 2 + 100)
     b_sym, b_cum = mooncake_symbols([0, 1, 5, 3], 512 * 3 + 7)
     t = Trie()
-    t.walk(a_sym, 0.0, cum=a_cum)
-    assert t.walk(a_sym, 1.0, cum=a_cum) == [(1.0, 1124)]  # whole prompt, partial block too
-    assert t.walk(b_sym, 2.0, cum=b_cum) == [(1.0, 1024)]  # ids stand for whole blocks
+    t.walk(a_sym, 0, cum=a_cum)
+    assert t.walk(a_sym, 1, cum=a_cum) == [(1, 1124)]  # whole prompt, partial block too
+    assert t.walk(b_sym, 2, cum=b_cum) == [(1, 1024)]  # ids stand for whole blocks
+
+
+def test_two_models_never_share_a_cache():
+    """A tenant alternating two models with identical prompts: no hit crosses the
+    models, in every stream mode; each model hits its own earlier prompt."""
+    toks = np.arange(50, dtype=np.int32)
+    prompts = [Prompt(i, i * US, "acme", "k", "s", toks, None, None, 50, ("m-a", "m-b")[i % 2])
+               for i in range(6)]
+    res = replay_prompts(prompts, MODES)
+    for mode in MODES:
+        got = [depth_under(r[5], r[6], INF_US) for r in res[("prompt", mode)]]
+        assert got == [0, 0, 50, 50, 50, 50], mode
+        assert [r[2] for r in res[("prompt", mode)]] == ["m-a", "m-b"] * 3
 
 
 def test_quiet_streams_are_swept_so_memory_follows_the_window():
     # 200 sessions, each active for a moment and then never again
-    prompts = [Prompt(i, float(i * 10), "t", None, f"s{i}", np.arange(i, i + 50, dtype=np.int32), None, None, 50)
+    prompts = [Prompt(i, i * 10 * US, "t", None, f"s{i}", np.arange(i, i + 50, dtype=np.int32), None, None, 50)
                for i in range(200)]
-    res = replay_prompts(prompts, ("session",), ("prompt",), horizon=30)
+    res = replay_prompts(prompts, ("session",), ("prompt",), horizon_us=30 * US)
     # nodes count each trie's root: 2 per live session; only those of the last ~45 s remain
     assert res["_nodes"]["prompt/session"] <= 2 * 5
     full = replay_prompts(prompts, ("session",), ("prompt",))
@@ -177,22 +216,33 @@ def test_a_shared_prefix_is_trusted_only_in_its_stream_and_within_the_horizon():
     conversation's previous one only where that one's path must still be in the
     trie. Here the path is gone (pruned; another key's stream) and a different
     path starts with the same symbol: trusting it would report 5 tokens, not 2."""
-    def p(i, ts, toks, key=None, session=None, shared=0, previous=None):
+    def p(i, ts, toks, key=None, session=None, shared=0, previous=None, model=None):
         return Prompt(i, ts, "t", key, session, np.array(toks, dtype=np.int32), None, None, len(toks),
-                      shared, previous)
+                      model, shared, previous)
 
     first, other = [1, 2, 3, 4, 5, 6], [1, 2, 7, 7, 7]
     # past the horizon: the first path is pruned before the other one is walked
-    pruned = [p(0, 0.0, first, session="x"), p(1, 700.0, other, session="y"),
-              p(2, 800.0, first + [8, 8], session="x", shared=6, previous=(0.0, None, "x"))]
-    out = replay_prompts(pruned, modes=("tenant",), horizon=600.0)
-    assert out[("prompt", "tenant")][2][5] == [2]
+    pruned = [p(0, 0, first, session="x"), p(1, 700 * US, other, session="y"),
+              p(2, 800 * US, first + [8, 8], session="x", shared=6, previous=(0, None, "x", None))]
+    out = replay_prompts(pruned, modes=("tenant",), horizon_us=600 * US)
+    assert out[("prompt", "tenant")][2][6] == [2]
+    # one µs past the horizon is past it
+    edge = [p(0, 0, first, session="x"), p(1, 600 * US + 1, other, session="y"),
+            p(2, 600 * US + 1, first + [8, 8], session="x", shared=6, previous=(0, None, "x", None))]
+    out = replay_prompts(edge, modes=("tenant",), horizon_us=600 * US)
+    assert out[("prompt", "tenant")][2][6] == [2]
     # the same session under another key: in key mode another stream's trie
-    moved = [p(0, 0.0, first, key="A", session="x"), p(1, 1.0, other, key="B"),
-             p(2, 2.0, first + [8], key="B", session="x", shared=6, previous=(0.0, "A", "x"))]
+    moved = [p(0, 0, first, key="A", session="x"), p(1, 1, other, key="B"),
+             p(2, 2, first + [8], key="B", session="x", shared=6, previous=(0, "A", "x", None))]
     out = replay_prompts(moved, modes=("key", "session"))
-    assert out[("prompt", "key")][2][5] == [2]
-    assert out[("prompt", "session")][2][5] == [6]  # same stream: the whole shared part hits
+    assert out[("prompt", "key")][2][6] == [2]
+    assert out[("prompt", "session")][2][6] == [6]  # same stream: the whole shared part hits
+    # the same conversation on another model: another cache
+    switched = [p(0, 0, first, session="x", model="a"), p(1, 1, other, session="y", model="b"),
+                p(2, 2, first + [8], session="x", model="b", shared=6, previous=(0, None, "x", "a"))]
+    out = replay_prompts(switched, modes=("session", "tenant"))
+    assert out[("prompt", "tenant")][2][6] == [2]
+    assert out[("prompt", "session")][2][6] == []
 
 
 def test_the_cycle_collector_is_paused_while_walking_and_left_as_it_was():
@@ -223,10 +273,10 @@ def test_the_compiled_prompt_assembly_equals_the_python_one(seed):
     """SegmentStore.extend (compiled) against extend_py: an agent's next turn, an
     earlier message changed, the same prompt again, nothing shared, no previous
     prompt, empty segments and empty prompts."""
-    if replay_module._compiled_extend is None:
+    if prompts_module._compiled_extend is None:
         pytest.skip("the compiled trie is not built here")
     rng = np.random.default_rng(seed)
-    store = object.__new__(replay_module.SegmentStore)
+    store = object.__new__(prompts_module.SegmentStore)
     store._tokens = {int(s): rng.integers(0, 1000, rng.integers(0, 40)).astype(np.int32)
                      for s in rng.choice(2**62, 60, replace=False)}
     sids = list(store._tokens)
@@ -254,11 +304,11 @@ def test_the_compiled_prompt_assembly_equals_the_python_one(seed):
 
 def test_the_compiled_prompt_assembly_refuses_other_than_int32_tokens():
     """It copies raw memory: an int64 segment would be read past its end."""
-    if replay_module._compiled_extend is None:
+    if prompts_module._compiled_extend is None:
         pytest.skip("the compiled trie is not built here")
     tokens = {1: np.array([1, 2], dtype=np.int32), 2: np.array([3], dtype=np.int64)}
-    assert replay_module._compiled_extend(tokens, [1], None)[0].tolist() == [1, 2]
+    assert prompts_module._compiled_extend(tokens, [1], None)[0].tolist() == [1, 2]
     with pytest.raises(TypeError, match="int32"):
-        replay_module._compiled_extend(tokens, [1, 2], None)
+        prompts_module._compiled_extend(tokens, [1, 2], None)
     with pytest.raises(TypeError, match="int32"):  # the previous prompt's tokens too
-        replay_module._compiled_extend(tokens, [1, 1], ([1, 1], np.array([1, 2, 1, 2], dtype=np.int64)))
+        prompts_module._compiled_extend(tokens, [1, 1], ([1, 1], np.array([1, 2, 1, 2], dtype=np.int64)))

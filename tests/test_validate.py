@@ -55,8 +55,8 @@ def synthetic_db(n_sessions: int = 3, turns: int = 5, seed: int = 0, words: int 
     rows.sort()
     con = db.connect(None)
     for i, (ts, sess, body) in enumerate(rows):
-        con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts, tenant, session, body) "
-                    "VALUES (?,?,?,?,?,?,?,?)", [i, 1, i + 1, "anthropic", ts, "default", sess, body])
+        con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts_us, tenant, session, body) "
+                    "VALUES (?,?,?,?,?,?,?,?)", [i, 1, i + 1, "anthropic", int(ts * 1_000_000), "default", sess, body])
     from replay.text.tokenize import load_tokenizer, tokenize_stage
     tokenize_stage(con, load_tokenizer())
     return con

@@ -19,8 +19,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import polars as pl  # noqa: E402
 
-from replay import api as pipeline  # noqa: E402
-from replay.core.sweep import Grid, format_ttl  # noqa: E402
+from replay.analysis.overview import idle_gaps, overview  # noqa: E402
+from replay.core.grid import Grid  # noqa: E402
+from replay.core.sweep import sweep  # noqa: E402
+from replay.core.times import format_ttl  # noqa: E402
+from replay.prepare import prepare  # noqa: E402
 
 Section = Callable[[object, Path], str]
 
@@ -90,7 +93,8 @@ def plot_idle_gaps(gaps: pl.DataFrame, ttls, path: Path) -> None:
 
 def plot_stream_bars(per: pl.DataFrame, path: Path, title: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 0.3 * len(per) + 1.2))
-    ax.barh(per["stream_key"].to_list()[::-1], per["hit_ratio"].to_list()[::-1])
+    labels = [s if m is None else f"{s} ({m})" for s, m in zip(per["stream_key"], per["model"])]
+    ax.barh(labels[::-1], per["hit_ratio"].to_list()[::-1])
     ax.set_xlim(0, 1)
     ax.set_xlabel("hit ratio")
     ax.set_title(title, fontsize=9)
@@ -112,8 +116,9 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
     grid = grid or Grid()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    res = pipeline.sweep(con, grid, tokenizer=tokenizer, progress=progress)
-    ov = pipeline.overview(con)
+    prepare(con, modes=grid.streams, horizon_us=grid.horizon_us, tokenizer=tokenizer, progress=progress)
+    res = sweep(con, grid)
+    ov = overview(con)
     res.write_parquet(out / "sweep.parquet")
     (out / "sweep.json").write_text(json.dumps(res.to_dicts(), indent=1))
 
@@ -127,7 +132,7 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
     worst = res.sort("hit_ratio").row(0, named=True)
 
     plot_ceiling_vs_ttl(res, grid, out / "ceiling_vs_ttl.png")
-    gaps = pipeline.idle_gaps(con, h["stream"])
+    gaps = idle_gaps(con, h["stream"])
     plot_idle_gaps(gaps, grid.ttls, out / "idle_gaps.png")
 
     span_h = ((ov["last_ts"] or 0) - (ov["first_ts"] or 0)) / 3600
@@ -141,7 +146,9 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
         "",
         f"- **{ov['requests']:,} requests** over {span_h:.1f} h from {ov['tenants']} tenant(s), "
         f"{ov['keys']} prompt_cache_key(s), {ov['sessions']} session(s); "
-        f"{ov['rejected']:,} input line(s) set aside (see `rejects`).",
+        f"{ov['rejected']:,} input line(s) rejected at ingest (see `rejects`)"
+        + (f", {ov['set_aside']:,} request(s) set aside as unrenderable (see `set_aside`)" if ov["set_aside"]
+           else "") + ".",
         f"- {ov['logical_prompt_tokens']:,} prompt tokens in all, made of "
         f"{ov['unique_content_tokens']:,} tokens of unique content.",
         f"- **Ceiling at {format_ttl(h['ttl'])} TTL, block {h['block']}, per {h['stream']}: "
@@ -172,19 +179,21 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
     per_grid = Grid(ttls=tuple(sorted({h["ttl"], math.inf})), blocks=(h["block"],),
                     min_prefixes=(h["min_prefix"],),
                     streams=tuple(m for m in ("tenant", "key") if m in grid.streams) or grid.streams[:1])
-    per = pipeline.sweep(con, per_grid, by_stream=True)
+    prepare(con, modes=per_grid.streams, horizon_us=per_grid.horizon_us)
+    per = sweep(con, per_grid, by_stream=True)
     for mode in per_grid.streams:
         d = per.filter((pl.col("stream") == mode) & (pl.col("ttl_s") == h["ttl"]) if h["ttl"] != math.inf
                        else (pl.col("stream") == mode) & pl.col("ttl_s").is_null())
         inf = per.filter((pl.col("stream") == mode) & pl.col("ttl_s").is_null()).select(
-            ["stream_key", pl.col("hit_ratio").alias("hit_inf")])
-        d = d.join(inf, on="stream_key", how="left").sort("prompt_tokens", descending=True)
+            ["stream_key", "model", pl.col("hit_ratio").alias("hit_inf")])
+        d = d.join(inf, on=["stream_key", "model"], how="left", nulls_equal=True).sort("prompt_tokens",
+                                                                                     descending=True)
         top = d.head(25)
         if not len(top):
             continue
         plot_stream_bars(top, out / f"streams_{mode}.png",
                          f"hit ratio per {mode} stream (TTL {format_ttl(h['ttl'])}, block {h['block']})")
-        shown = top.select(["stream_key", "requests", "prompt_tokens",
+        shown = top.select(["stream_key", "model", "requests", "prompt_tokens",
                             (pl.col("hit_ratio") * 100).round(1).alias(f"hit % @{format_ttl(h['ttl'])}"),
                             (pl.col("hit_inf") * 100).round(1).alias("hit % @inf")])
         lines += [f"### By {mode} ({len(d)} streams{', top 25 by tokens' if len(d) > 25 else ''})", "",
@@ -207,7 +216,8 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
               "of the same stream within the TTL, floored to whole blocks, and zero below the minimum "
               "prefix (`semantics.md`).",
               "- Stream modes: `tenant` — one cache per tenant; `key` — per prompt_cache_key (tenant when "
-              "missing); `global` — everyone shares one cache.", ""]
+              "missing); `global` — everyone shares one cache. Whatever the mode, a cache belongs to one "
+              "model: requests to different models never share a prefix.", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path

@@ -33,8 +33,18 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+import pyarrow as pa
+
+from replay.analysis.volatile import ID_RES, TIMESTAMP_RES
+from replay.core.grid import Grid
+from replay.core.sweep import sweep
+from replay.core.times import format_ttl, parse_ttl
+from replay.prepare import as_tokenizer, prepare
+from replay.providers.catalog import get_profile
 from replay.store import db
+from replay.store.jsontext import dumps
 from replay.text.render import tool_name
+from replay.text.tokenize import Tok, tokenize_stage
 
 __all__ = ["FIXES", "normalize_body", "normalized_copy", "ceiling", "whatif", "format_whatif",
            "parse_fix"]
@@ -155,8 +165,6 @@ def bucket_timestamps(body: dict, bucket: float = 300.0) -> dict:
 
 
 def move_volatile_after_breakpoint(body: dict) -> dict:
-    from replay.analysis.diagnose import ID_RES, TIMESTAMP_RES
-
     moved: list[str] = []
 
     def volatile(line: str) -> bool:
@@ -198,8 +206,6 @@ def move_volatile_after_breakpoint(body: dict) -> dict:
 
 def parse_fix(name: str) -> Callable[[dict], dict]:
     """A normalizer by name (``bucket-timestamps`` takes ``=DURATION``)."""
-    from replay.core.sweep import parse_ttl
-
     base, _, arg = name.strip().partition("=")
     if base == "strip-rotating-header":
         return strip_rotating_header
@@ -230,23 +236,19 @@ def normalize_body(body: dict, fixes) -> dict:
 _TOK_CACHE: dict = {}
 
 
-def _tokenizer(name=None):
-    from replay.text.tokenize import Tok, load_tokenizer
-
+def _tokenizer(name=None) -> Tok:
+    """One ``Tok`` per tokenizer for the copies (its encoder process is reused)."""
     if isinstance(name, Tok):
         return name
     key = str(name)
     if key not in _TOK_CACHE:
-        _TOK_CACHE[key] = load_tokenizer(name)
+        _TOK_CACHE[key] = as_tokenizer(name)
     return _TOK_CACHE[key]
 
 
 def normalized_copy(con, fixes, tokenizer=None):
     """A fresh in-memory database holding ``requests`` with normalized bodies,
     tokenized (known segments copied across, so only changed text is tokenized)."""
-    from replay.readers.formats import dumps
-    from replay.text.tokenize import tokenize_stage
-
     fns = [parse_fix(f) if isinstance(f, str) else f for f in fixes]
     out = db.connect(None)
     # bodies inline in the copy (however the original stored them), normalized below
@@ -267,8 +269,6 @@ def normalized_copy(con, fixes, tokenizer=None):
         for fn in fns:
             body = fn(body)
         new.append(dumps(body))
-    import pyarrow as pa
-
     req = req.set_column(req.schema.get_field_index("body"), "body", pa.array(new, pa.string()))
     _replay_copy = req  # noqa: F841 - read by DuckDB by name
     out.execute("INSERT INTO requests SELECT * FROM _replay_copy")
@@ -288,22 +288,10 @@ def ceiling(con, ttl: float = 300, block: int = 16, min_prefix: int = 0, stream:
     return _ceiling(con, ttl, block, min_prefix, stream, tokenizer)
 
 
-def _prepare(con, stream: str, tokenizer) -> None:
-    from replay.core.replay import replay_stage, walks_current
-    from replay.text.tokenize import tokenize_needed, tokenize_stage
-
-    if tokenize_needed(con):
-        tokenize_stage(con, _tokenizer(tokenizer))
-    if not walks_current(con, (stream,), ("prompt",), math.inf):
-        replay_stage(con, modes=(stream,), horizon=math.inf)
-
-
 def _ceiling(con, ttl, block, min_prefix, stream, tokenizer) -> dict:
-    from replay.core.sweep import Grid, sweep
-
-    _prepare(con, stream, tokenizer)
-    df = sweep(con, Grid(ttls=(float(ttl),), blocks=(int(block),), min_prefixes=(int(min_prefix),),
-                         streams=(stream,)), store=False)
+    grid = Grid(ttls=(float(ttl),), blocks=(int(block),), min_prefixes=(int(min_prefix),), streams=(stream,))
+    prepare(con, modes=(stream,), horizon_us=grid.horizon_us, tokenizer=_tokenizer(tokenizer))
+    df = sweep(con, grid, store=False)
     r = df.to_dicts()[0]
     return {k: r[k] for k in ("requests", "prompt_tokens", "hit_tokens", "hit_ratio", "requests_hit")}
 
@@ -329,20 +317,15 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
     "gain_hit_tokens"[, "money"]}], "all": {...}}``; with ``prices`` (an
     ``economics.Price`` from the price table) each figure also carries spend and savings.
     """
-    from replay.core.sweep import parse_ttl
-
-    ttl = parse_ttl(ttl) if isinstance(ttl, str) else float(ttl)
+    ttl = parse_ttl(ttl)
     fixes = [f.strip() for f in fixes if f and f.strip()]
     for f in fixes:
         parse_fix(f)  # validate names early
     if not fixes:
         raise ValueError("no fix given")
     base_fixes: list[str] = []
-    if profile not in (None, "", "ideal"):
-        from replay.analysis.diagnose import resolve_profile
-
-        if resolve_profile(profile)["canonical_json"]:
-            base_fixes = ["canonical-json"]
+    if profile not in (None, "", "ideal") and get_profile(profile).canonical_json:
+        base_fixes = ["canonical-json"]  # a hosted API parses the JSON: key order cannot miss there
     base_con = normalized_copy(con, base_fixes, tokenizer) if base_fixes else con
     before = _ceiling(base_con, ttl, block, min_prefix, stream, tokenizer)
     if prices:
@@ -370,8 +353,6 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
 
 
 def format_whatif(res: dict) -> str:
-    from replay.core.sweep import format_ttl
-
     c = res["config"]
     lines = [f"ttl {format_ttl(c['ttl_s'])}, block {c['block']}, min prefix {c['min_prefix']}, "
              f"stream {c['stream']}, profile {c['profile']}", "",

@@ -1,13 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The sweep's counts in one compiled pass over the stored walks (``sweep.hit_counts``).
+"""The hit kernel of :mod:`replay.core.hits`, compiled: one pass over the walks.
 
-For each request and TTL, ``L_τ`` is the depth of its last step with gap ≤ τ
-(steps are stored gap-ascending, depth ascending); for each block size the hit
-is ``L_τ`` floored to whole blocks, and it counts for each minimum prefix it
-reaches (semantics.md, "Blocks and minimum prefix"). One pass over the steps
-and the grid, no temporaries: the array version (``sweep.hit_counts_numpy``)
-makes a (block × request) array per TTL and minimum prefix, and at a day of
-traffic the calls alone cost more than this whole loop.
+A request's steps are stored gap-ascending with depth ascending, so ``L_τ`` is
+the depth of its last step with gap ≤ τ (:func:`_depth_under`); everything here
+reads it that way, and :mod:`replay.core.hits` holds the same in numpy (both
+are tested against the definition written out request by request).
 """
 
 import numpy as np
@@ -15,10 +12,35 @@ import numpy as np
 from libc.stdint cimport int64_t
 
 
-def hit_counts(const int64_t[::1] offsets, const double[::1] gaps, const int64_t[::1] depths,
+cdef inline int64_t _depth_under(const int64_t[::1] gaps, const int64_t[::1] depths,
+                                 Py_ssize_t start, Py_ssize_t end, int64_t ttl) noexcept nogil:
+    """L_τ of the request whose steps are ``[start, end)``."""
+    cdef int64_t L = 0
+    cdef Py_ssize_t j = start
+    while j < end and gaps[j] <= ttl:
+        L = depths[j]
+        j += 1
+    return L
+
+
+def depths_under(const int64_t[::1] offsets, const int64_t[::1] gaps, const int64_t[::1] depths,
+                 const int64_t[::1] ttls):
+    """``L_τ`` for every request and TTL: int64 [request, TTL]."""
+    cdef Py_ssize_t n = offsets.shape[0] - 1, n_t = ttls.shape[0], r, ti
+    out_arr = np.zeros((n, n_t), dtype=np.int64)
+    cdef int64_t[:, ::1] out = out_arr
+    with nogil:
+        for r in range(n):
+            for ti in range(n_t):
+                out[r, ti] = _depth_under(gaps, depths, offsets[r], offsets[r + 1], ttls[ti])
+    return out_arr
+
+
+def hit_counts(const int64_t[::1] offsets, const int64_t[::1] gaps, const int64_t[::1] depths,
                const int64_t[::1] group, Py_ssize_t n_groups,
-               const double[::1] ttls, const int64_t[::1] blocks, const int64_t[::1] mins):
-    """Hit tokens and requests hit as two int64 arrays [group, TTL, minimum prefix, block]."""
+               const int64_t[::1] ttls, const int64_t[::1] blocks, const int64_t[::1] mins):
+    """Hit tokens and requests hit as two int64 arrays [group, TTL, minimum prefix, block]:
+    ``L_τ`` floored to whole blocks, counted for each minimum prefix it reaches."""
     cdef Py_ssize_t n = offsets.shape[0] - 1
     cdef Py_ssize_t n_t = ttls.shape[0], n_m = mins.shape[0], n_b = blocks.shape[0]
     if group.shape[0] != n:
@@ -30,23 +52,16 @@ def hit_counts(const int64_t[::1] offsets, const double[::1] gaps, const int64_t
     nhit_arr = np.zeros((n_groups, n_t, n_m, n_b), dtype=np.int64)
     cdef int64_t[:, :, :, ::1] hits = hits_arr
     cdef int64_t[:, :, :, ::1] nhit = nhit_arr
-    cdef Py_ssize_t r, j, start, end, ti, mi, bi, g
+    cdef Py_ssize_t r, ti, mi, bi, g
     cdef int64_t L, f, blk
-    cdef double ttl
     with nogil:
         for r in range(n):
             g = group[r]
             if g < 0 or g >= n_groups:
                 with gil:
                     raise ValueError(f"group {g} out of range")
-            start, end = offsets[r], offsets[r + 1]
             for ti in range(n_t):
-                ttl = ttls[ti]
-                L = 0
-                j = start
-                while j < end and gaps[j] <= ttl:
-                    L = depths[j]
-                    j += 1
+                L = _depth_under(gaps, depths, offsets[r], offsets[r + 1], ttls[ti])
                 if L <= 0:
                     continue
                 for bi in range(n_b):

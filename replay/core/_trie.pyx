@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""The trie of :mod:`replay.trie`, compiled: the same walk, node for node.
+"""The trie of :mod:`replay.core.trie`, compiled: the same walk, node for node.
 
-``replay.trie.Trie`` is this class when the extension is built (``pip install``
+``replay.core.trie.Trie`` is this class when the extension is built (``pip install``
 builds it with Cython; ``REPLAY_PURE_TRIE=1`` picks the Python one), and the
 tests run both against the brute-force oracle. What differs is only how the
 work is done: a node holds a pointer into the array its edge is a view of
@@ -11,10 +11,10 @@ than in comparing. Symbols may be int32 (token ids) or int64 (block traces),
 even within one trie.
 
 Also here, for the same reason: the replay's prompt assembly
-(:func:`extend`, behind ``replay.replay.SegmentStore.extend``).
-"""
+(:func:`extend`, behind ``replay.core.prompts.SegmentStore.extend``).
 
-import math
+Times are integer microseconds (int64), so gaps compare exactly with TTLs.
+"""
 
 import numpy as np
 
@@ -58,6 +58,7 @@ cdef const char* _data(object arr) except NULL:
 
 
 cdef int64_t _EMPTY_SYMBOL = 0
+cdef int64_t INF_US = 9223372036854775807  # replay.core.times.INF_US
 
 
 cdef class Node:
@@ -69,7 +70,7 @@ cdef class Node:
     cdef Py_ssize_t start
     cdef Py_ssize_t length
     cdef public dict children
-    cdef public double last_used
+    cdef public int64_t last_used
 
     def __cinit__(self):
         self.children = {}
@@ -86,7 +87,7 @@ cdef class Node:
 
 
 cdef inline Node _node(object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length,
-                       double last_used):
+                       int64_t last_used):
     cdef Node x = Node.__new__(Node)
     x._set(base, data, wide, start, length)
     x.last_used = last_used
@@ -104,10 +105,11 @@ def _as_symbols(seq):
 
 
 cdef class Trie:
-    """:class:`replay.trie.Trie`, compiled (same API and answers)."""
+    """:class:`replay.core.trie.Trie`, compiled (same API and answers)."""
     cdef public Node root
-    cdef public double horizon
-    cdef double _last_prune
+    cdef public int64_t horizon
+    cdef int64_t _last_prune
+    cdef bint _pruned
     cdef public Py_ssize_t nodes
     # the path of a descent: nodes, and each one's start and end depth
     cdef list _path
@@ -120,11 +122,12 @@ cdef class Trie:
         self._ends = NULL
         self._cap = 0
 
-    def __init__(self, double horizon=math.inf):
+    def __init__(self, int64_t horizon=INF_US):
         empty = np.empty(0, dtype=np.int64)
-        self.root = _node(empty, _data(empty), True, 0, 0, -math.inf)
+        self.root = _node(empty, _data(empty), True, 0, 0, 0)  # (the root's time is never read)
         self.horizon = horizon
-        self._last_prune = -math.inf
+        self._last_prune = 0
+        self._pruned = False
         self.nodes = 1
         self._path = []
 
@@ -158,9 +161,9 @@ cdef class Trie:
         self._ends[k] = end
         return 0
 
-    def walk(self, seq, double t, insert=None, cum=None, Py_ssize_t known=0):
-        """See :meth:`replay.trie.Trie.walk`."""
-        if self.horizon != math.inf and t - self._last_prune > self.horizon / 2:
+    def walk(self, seq, int64_t t, insert=None, cum=None, Py_ssize_t known=0):
+        """See :meth:`replay.core.trie.PythonTrie.walk`."""
+        if self.horizon < INF_US and (not self._pruned or t - self._last_prune > self.horizon // 2):
             self.prune(t)
         seq = _as_symbols(seq)
         steps = self._descend(seq, t, True, known)
@@ -170,14 +173,14 @@ cdef class Trie:
             steps = [(g, int(cum[d])) for g, d in steps]
         return steps
 
-    cdef list _descend(self, object seq, double t, bint record, Py_ssize_t known):
+    cdef list _descend(self, object seq, int64_t t, bint record, Py_ssize_t known):
         cdef list steps = []
         cdef Node node = self.root, child, mid, leaf
         cdef Py_ssize_t pos = 0, n = len(seq), matched, le, k, skip
         cdef bint wide = seq.dtype.itemsize == 8
         cdef const char* s = _data(seq)
         cdef Py_ssize_t size = 8 if wide else 4
-        cdef double gap, last_gap = 0.0
+        cdef int64_t gap, last_gap = 0
         cdef bint have_step = False
         cdef object first
         cdef dict children
@@ -234,7 +237,7 @@ cdef class Trie:
         self._refresh_and_merge(seq, s, wide, t)
         return steps
 
-    cdef int _refresh_and_merge(self, object seq, const char* data, bint wide, double t) except -1:
+    cdef int _refresh_and_merge(self, object seq, const char* data, bint wide, int64_t t) except -1:
         """Set last-used = t along the path, merging single-child chains."""
         cdef list path = self._path
         cdef Py_ssize_t i = 0, j, m = len(path), start, end
@@ -257,11 +260,12 @@ cdef class Trie:
             i = j + 1
         return 0
 
-    def prune(self, double now):
+    def prune(self, int64_t now):
         """Drop subtrees idle for longer than the horizon (last-used shrinks with depth)."""
-        cdef double cutoff = now - self.horizon
+        cdef int64_t cutoff = now - self.horizon
         cdef Node node, c
         self._last_prune = now
+        self._pruned = True
         stack = [self.root]
         while stack:
             node = stack.pop()
@@ -299,7 +303,7 @@ cdef inline const char* _int32_data(object arr) except NULL:
 
 
 def extend(dict tokens, list seg_ids, prev):
-    """:meth:`replay.replay.SegmentStore.extend`, compiled (the same answers): the
+    """:meth:`replay.core.prompts.SegmentStore.extend`, compiled (the same answers): the
     tokens of ``seg_ids`` (int32 arrays in ``tokens``), the part shared with
     ``prev`` (an earlier prompt's segment ids and tokens) copied in one piece,
     and how many leading tokens are prev's. The result is one allocation filled

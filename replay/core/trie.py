@@ -1,10 +1,14 @@
 """The radix trie with last-used timestamps (semantics.md, "the trie walk").
 
-One ``Trie`` is one stream's cache. ``walk(seq, t)`` returns the *steps* of the
-request: ``[(gap, depth), ...]`` with gap strictly increasing and depth strictly
-increasing, such that for every TTL ``τ``
+One ``Trie`` is one stream's cache. ``walk(seq, t)`` (``t`` in integer
+microseconds) returns the *steps* of the request: ``[(gap, depth), ...]`` with
+gap strictly increasing and depth strictly increasing, such that for every TTL
+``τ``
 
     L_τ = max(depth for gap, depth in steps if gap <= τ)   (0 if none)
+
+(``replay.core.hits`` reads it so; gaps are integer microseconds, so a gap of
+exactly τ compares equal to τ.)
 
 Why this works: a node's last-used time is the latest time any earlier request
 passed through it, last-used never grows going deeper, so the gap ``t - last_used``
@@ -31,18 +35,19 @@ each block in ``cum`` (cumulative token counts), so depths are always tokens.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
-__all__ = ["Trie", "PythonTrie", "COMPILED", "hit_length", "common_prefix_len"]
+from replay.core.times import INF_US
+
+__all__ = ["Trie", "PythonTrie", "COMPILED", "common_prefix_len"]
 
 
 class _Node:
     __slots__ = ("edge", "children", "last_used")
 
-    def __init__(self, edge: np.ndarray, last_used: float):
+    def __init__(self, edge: np.ndarray, last_used: int):
         self.edge = edge
         self.children: dict[int, _Node] = {}
         self.last_used = last_used
@@ -61,20 +66,22 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
 class PythonTrie:
     """A per-stream radix trie whose nodes carry last-used timestamps.
 
-    ``horizon``: when finite, nodes idle for longer than ``horizon`` seconds are
-    pruned from time to time, so memory follows the TTL window. Gaps larger than
-    the horizon are then not reported; walks stay exact for every ``τ <= horizon``.
+    ``horizon`` (µs): when finite (below ``INF_US``), nodes idle for longer than
+    the horizon are pruned from time to time, so memory follows the TTL window.
+    Gaps larger than the horizon are then not reported; walks stay exact for
+    every ``τ <= horizon``. Prune (``last_used < now − horizon``) and walk
+    (``t − last_used > horizon``) drop exactly the same nodes.
     """
 
-    def __init__(self, horizon: float = math.inf):
-        self.root = _Node(np.empty(0, dtype=np.int64), -math.inf)
-        self.horizon = horizon
-        self._last_prune = -math.inf
+    def __init__(self, horizon: int = INF_US):
+        self.root = _Node(np.empty(0, dtype=np.int64), 0)  # (the root's time is never read)
+        self.horizon = int(horizon)
+        self._last_prune: int | None = None
         self.nodes = 1
 
     # ---- the walk -------------------------------------------------------
-    def walk(self, seq: np.ndarray, t: float, insert: np.ndarray | None = None,
-             cum: np.ndarray | None = None, known: int = 0) -> list[tuple[float, int]]:
+    def walk(self, seq: np.ndarray, t: int, insert: np.ndarray | None = None,
+             cum: np.ndarray | None = None, known: int = 0) -> list[tuple[int, int]]:
         """Walk ``seq`` at time ``t``; return its steps and insert it.
 
         ``insert`` (a sequence starting with ``seq``, e.g. prompt + output) is
@@ -84,7 +91,7 @@ class PythonTrie:
         already (an earlier sequence it walked, not pruned since), so edges
         within it match whole without being compared.
         """
-        if self.horizon != math.inf and t - self._last_prune > self.horizon / 2:
+        if self.horizon < INF_US and (self._last_prune is None or t - self._last_prune > self.horizon // 2):
             self.prune(t)
         steps = self._descend(seq, t, record=True, known=known)
         if insert is not None and len(insert) > len(seq):
@@ -93,8 +100,8 @@ class PythonTrie:
             steps = [(g, int(cum[d])) for g, d in steps]
         return steps
 
-    def _descend(self, seq: np.ndarray, t: float, record: bool, known: int = 0) -> list[tuple[float, int]]:
-        steps: list[tuple[float, int]] = []
+    def _descend(self, seq: np.ndarray, t: int, record: bool, known: int = 0) -> list[tuple[int, int]]:
+        steps: list[tuple[int, int]] = []
         path: list[tuple[_Node, int, int]] = []  # (node, start depth, end depth) below root
         node, pos, n = self.root, 0, len(seq)
         while pos < n:
@@ -141,7 +148,7 @@ class PythonTrie:
         self._refresh_and_merge(path, seq, t)
         return steps
 
-    def _refresh_and_merge(self, path, seq: np.ndarray, t: float) -> None:
+    def _refresh_and_merge(self, path, seq: np.ndarray, t: int) -> None:
         """Set last-used = t along the path, merging single-child chains."""
         i = 0
         while i < len(path):
@@ -160,7 +167,7 @@ class PythonTrie:
             i = j + 1
 
     # ---- memory ---------------------------------------------------------
-    def prune(self, now: float) -> None:
+    def prune(self, now: int) -> None:
         """Drop subtrees idle for longer than the horizon (last-used shrinks with depth)."""
         self._last_prune = now
         cutoff = now - self.horizon
@@ -180,17 +187,6 @@ def _count(node: _Node) -> int:
         n += 1
         stack.extend(x.children.values())
     return n
-
-
-def hit_length(steps_gaps, steps_depths, ttl: float) -> int:
-    """L_τ from a request's steps (see module docstring)."""
-    best = 0
-    for g, d in zip(steps_gaps, steps_depths):
-        if g <= ttl:
-            best = d
-        else:
-            break
-    return best
 
 
 # The same class compiled (replay/_trie.pyx, built by `pip install` with Cython):

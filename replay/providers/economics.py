@@ -1,7 +1,7 @@
 """What the cache is worth: spend per stream and ISO week, realised against the
 profile's ceiling, and the rendering-fidelity check on logs with provider usage.
 
-Prices come from ``replay/prices.toml`` (dated defaults, USD per MTok), merged
+Prices come from ``replay/providers/prices.toml`` (dated defaults, USD per MTok), merged
 with a user file of the same layout (:func:`load_prices`). The savings formula
 (semantics.md, "Savings"):
 
@@ -13,7 +13,7 @@ the log has output usage.
 
 * **full price**: the same prompt volume with no caching at all, ``prompt × base``;
 * **projected** (ceiling): the profile's per-request hits and writes
-  (:func:`replay.profiles.request_hits`) priced, on the rendered token counts;
+  (:func:`replay.providers.request_hits.request_hits`) priced, on the rendered token counts;
 * **actual**: the provider's usage (``usage_prompt_tokens``, ``usage_cached_tokens``,
   ``usage_cache_write_tokens``, written at the 5-minute price since logs do not
   split writes by TTL), on the provider's token counts, for requests that carry it.
@@ -29,9 +29,11 @@ from pathlib import Path
 
 import polars as pl
 
-from replay.providers import profiles as _p
+from replay.core.grid import Grid
+from replay.core.times import US_PER_S
+from replay.providers.catalog import get_profile
+from replay.providers.request_hits import request_hits
 from replay.store import db
-from replay.core.sweep import Grid
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
 MTOK = 1_000_000
@@ -94,29 +96,27 @@ def default_config(profile: str) -> tuple[float, int, int]:
     """(ttl, block, min_prefix) used for savings when not given: the profile's
     fixed values, else token level with no minimum; the provider's TTL
     (OpenAI in-memory 5 min, Anthropic 5 min), else no expiry."""
-    prof = _p.get_profile(profile)
+    prof = get_profile(profile)
     ttl = 300.0 if prof.kind in ("openai", "anthropic") else math.inf
     return ttl, prof.block or 1, prof.min_prefix or 0
 
 
-def _week(ts_col: str = "ts") -> pl.Expr:
-    """ISO week 'YYYY-Www' for epoch seconds; 'w<n>' (n = ts // 7 days) for relative times."""
+def _week(ts_col: str = "ts_us") -> pl.Expr:
+    """ISO week 'YYYY-Www' for epoch times (µs); 'w<n>' (n = whole weeks) for relative times."""
     c = pl.col(ts_col)
-    iso = pl.from_epoch(c.cast(pl.Float64).mul(1000).cast(pl.Int64), time_unit="ms")
-    return (pl.when(c > 1e8)
+    iso = pl.from_epoch(c, time_unit="us")
+    return (pl.when(c > 100_000_000 * US_PER_S)
             .then(iso.dt.iso_year().cast(pl.Utf8) + "-W" + iso.dt.week().cast(pl.Utf8).str.zfill(2))
-            .otherwise(pl.lit("w") + (c // 604800).cast(pl.Int64).cast(pl.Utf8)))
+            .otherwise(pl.lit("w") + (c // (604800 * US_PER_S)).cast(pl.Utf8)))
 
 
 def _requests_frame(con, profile: str, stream: str, ttl: float | None, block: int | None,
                     min_prefix: int | None) -> pl.DataFrame:
     d_ttl, d_block, d_min = default_config(profile)
-    prof = _p.get_profile(profile)
     g = Grid(ttls=(d_ttl if ttl is None else ttl,), blocks=(block or d_block,),
-             min_prefixes=(d_min if min_prefix is None else min_prefix,),
-             streams=prof.streams or (stream,))
-    df = _p.request_hits(con, prof, g)
-    usage = _p._df(con, """SELECT request_id, session, usage_prompt_tokens AS u_p,
+             min_prefixes=(d_min if min_prefix is None else min_prefix,), streams=(stream,))
+    df = request_hits(con, profile, g)
+    usage = _df(con, """SELECT request_id, session, usage_prompt_tokens AS u_p,
         CASE WHEN usage_prompt_tokens IS NOT NULL THEN coalesce(usage_cached_tokens, 0) END AS u_c,
         CASE WHEN usage_prompt_tokens IS NOT NULL THEN coalesce(usage_cache_write_tokens, 0) END AS u_w,
         usage_output_tokens AS u_o FROM requests""")
@@ -214,17 +214,21 @@ def session_length_table(con, profile: str = "ideal", stream: str = "tenant", tt
 
 # ----------------------------------------------------------------------------- fidelity
 
+def _df(con, sql: str) -> pl.DataFrame:
+    return pl.from_arrow(db.arrow(con, sql))
+
+
 def fidelity(con) -> pl.DataFrame:
     """Rendered prompt tokens against the provider's ``usage_prompt_tokens`` per
     request (requests with both): diff = rendered − provider, rel_diff = diff / provider."""
-    return _p._df(con, """
+    return _df(con, """
         SELECT r.request_id, r.session, r.format, r.model, p.n_tokens AS rendered_tokens,
                r.usage_prompt_tokens AS provider_tokens,
                p.n_tokens - r.usage_prompt_tokens AS diff,
                (p.n_tokens - r.usage_prompt_tokens) / r.usage_prompt_tokens::DOUBLE AS rel_diff
         FROM requests r JOIN prompts p USING (request_id)
         WHERE r.usage_prompt_tokens IS NOT NULL AND r.usage_prompt_tokens > 0
-        ORDER BY r.ts, r.request_id""")
+        ORDER BY r.ts_us, r.request_id""")
 
 
 def fidelity_summary(df: pl.DataFrame) -> dict:
@@ -290,7 +294,7 @@ def savings_section(con, out_dir, profile: str | None = None, price_model: str |
     price_model = price_model or logged_price_model(con, prices_path)
     if price_model is None:
         return ("## Savings\n\nNo logged model matches the price table; pass a price model "
-                "(see `replay/prices.toml`).\n")
+                "(see `replay/providers/prices.toml`).\n")
     price = get_price(price_model, prices_path)
     profile = profile or price.profile or "ideal"
     tbl = savings_table(con, profile, price, stream=stream)

@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import datetime, timedelta, timezone
 from itertools import repeat
 from typing import Any, Iterator
 
-import msgspec
-import orjson
+from replay.core.times import UNIT_US, to_us
+from replay.store.jsontext import dumps
 
 FORMATS = ("anthropic", "openai", "tokens", "mooncake", "trajectory")
-TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+TIME_UNITS = tuple(UNIT_US)
 
 # Default field names, looked up at the top level of a record, first one wins.
 TS_NAMES = ("timestamp", "ts", "created_at", "created")
@@ -70,7 +70,8 @@ class Reject(Exception):
 @dataclass
 class Options:
     fields: dict[str, str] = field(default_factory=dict)
-    time_unit: str | None = None
+    time_unit: str | None = None   # forced for every file (--time-unit)
+    file_unit: str | None = None   # the unit the current file settled on (reset per file by ingest)
     # ingest stores bodies as content-addressed blobs: converters then hand over
     # the parsed body (row["body_obj"]) instead of serializing it (row["body"])
     split_body: bool = False
@@ -180,155 +181,80 @@ def _int_or_none(v: Any) -> int | None:
     return None
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (datetime, date)):
-        return o.isoformat()
-    if isinstance(o, (bytes, bytearray)):
-        return o.decode("utf-8", "replace")
-    return str(o)
-
-
-def dumps(obj: Any) -> str:
-    """Compact JSON, key order kept, non-ASCII kept (escaped only if not encodable)."""
-    s = json.dumps(obj, separators=(",", ":"), ensure_ascii=False, default=_json_default)
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:  # lone surrogates: same JSON value, escaped
-        s = json.dumps(obj, separators=(",", ":"), ensure_ascii=True, default=_json_default)
-    return s
-
-
-# msgspec parses JSON as fast as orjson and, unlike orjson, reads integer literals
-# beyond 64 bits exactly (as the standard parser does); where it refuses what the
-# standard parser accepts (NaN, 1e400, lone surrogates) the standard parser reads it.
-# (Checked against json.loads on random documents in tests/test_ingest.py.)
-_decode_json = msgspec.json.Decoder().decode
-JSONDecodeError = msgspec.DecodeError
-
-
-def loads_fast(data: bytes | str) -> Any:
-    """``json.loads``, through msgspec; raises ``JSONDecodeError`` where msgspec
-    refuses (the caller then asks the standard parser)."""
-    return _decode_json(data)
-
-
-def loads(text: str) -> Any:
-    """``json.loads(text)``, faster."""
-    try:
-        return _decode_json(text)
-    except JSONDecodeError:
-        return json.loads(text)
-
-
-# Digits → "0", ".eE" → ".", anything else → " ": a float in JSON always shows as "0."
-_FLOAT_MAP = bytes(48 if 48 <= i <= 57 else 46 if i in b".eE" else 32 for i in range(256))
-
-
-def _floats_print_alike(obj: Any) -> bool:
-    """True when every float in ``obj`` is written alike by orjson and the standard
-    library (``repr``: 0.5, 1.5, 100.0 are; 1e16 against 1e+16, or inf, are not)."""
-    stack = [obj]
-    while stack:
-        v = stack.pop()
-        t = type(v)
-        if t is dict:
-            stack.extend(v.values())
-        elif t is list:
-            stack.extend(v)
-        elif t is float and orjson.dumps(v) != float.__repr__(v).encode("ascii"):
-            return False
-    return True
-
-
-def orjson_agrees(serialized: bytes, obj: Any) -> bool:
-    """True when ``serialized`` (orjson's compact JSON of ``obj``, a parsed JSON
-    value) is exactly what ``json.dumps(obj, separators=(",", ":"),
-    ensure_ascii=False)`` writes: compact, key order kept, the same string escapes
-    (every code point checked); they differ only in how some floats are written,
-    so a text that may hold a float (a digit before ".", "e" or "E", or a null —
-    orjson writes inf and NaN as null — inside strings too) has its floats compared."""
-    if b"0." in serialized.translate(_FLOAT_MAP) or b"null" in serialized:
-        return _floats_print_alike(obj)
-    return True
-
-
-def compact_dumps(obj: Any) -> str:
-    """``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)``, faster."""
-    try:
-        ser = orjson.dumps(obj)
-    except (TypeError, orjson.JSONEncodeError):  # beyond 64 bits, lone surrogates…
-        ser = None
-    if ser is not None and orjson_agrees(ser, obj):
-        return ser.decode("utf-8")
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
-
-
-def strip_nulls(v: Any) -> Any:
-    """Drop null-valued keys recursively (parquet structs carry every field of the union schema)."""
-    if isinstance(v, dict):
-        return {k: strip_nulls(x) for k, x in v.items() if x is not None}
-    if isinstance(v, list):
-        return [strip_nulls(x) for x in v]
-    return v
-
-
 # ----------------------------------------------------------------- timestamps
 
-def _parse_iso(s: str) -> float | None:
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _iso_us(s: str) -> int | None:
     try:
         dt = datetime.fromisoformat(s)
     except ValueError:
         return None
-    if dt.tzinfo is None:
+    return _datetime_us(dt)
+
+
+def _datetime_us(dt: datetime) -> int:
+    if dt.tzinfo is None:  # a naive time is taken as UTC
         dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp()
+    return (dt - _EPOCH) // timedelta(microseconds=1)
 
 
-def parse_ts(v: Any, fname: str, time_unit: str | None, default_unit: str | None = None) -> float:
-    """Seconds from a number, numeric string or ISO-8601 string.
+def guess_unit(x: float) -> str:
+    """The unit of a numeric timestamp by its magnitude: |x| > 1e14 → µs, > 1e11 → ms, else s."""
+    ax = abs(x)
+    return "us" if ax > 1e14 else "ms" if ax > 1e11 else "s"
 
-    Unit of numbers: `time_unit` if given, else `default_unit`, else automatic
-    (|v| > 1e14 → µs, > 1e11 → ms, else s). ISO strings are never scaled;
-    a naive ISO time is taken as UTC.
+
+def parse_ts(v: Any, fname: str, opts: "Options | str | None", default_unit: str | None = None) -> int:
+    """Integer microseconds from a number, numeric string or ISO-8601 string.
+
+    The unit of numbers is decided once per file (semantics.md): ``opts.time_unit``
+    when given (``--time-unit``), else the unit this file already settled on
+    (``opts.file_unit``), else ``default_unit`` (a format's own, e.g. Mooncake's
+    ms), else the magnitude of this first number (:func:`guess_unit`); the
+    choice is kept in ``opts.file_unit`` for the rest of the file. ISO strings
+    are never scaled; a naive ISO time is taken as UTC. ``opts`` may also be a
+    unit name (or None) for a one-off conversion.
     """
     if v is _MISSING or v is None or v == "":
         raise Reject("missing_timestamp", f"no timestamp: field '{fname}' is absent or null")
     if isinstance(v, bool):
         raise Reject("bad_timestamp", f"field '{fname}' is a boolean, expected a number or an ISO-8601 string")
     if isinstance(v, datetime):  # parquet timestamp columns
-        if v.tzinfo is None:
-            v = v.replace(tzinfo=timezone.utc)
-        return v.timestamp()
-    if isinstance(v, (int, float)):
-        x = float(v)
-    elif isinstance(v, str):
-        s = v.strip()
+        return _datetime_us(v)
+    if isinstance(v, str):
+        num: Any = v.strip()
         try:
-            x = float(s)
+            float(num)
         except ValueError:
-            t = _parse_iso(s)
+            t = _iso_us(num)
             if t is None:
                 raise Reject("bad_timestamp",
-                             f"field '{fname}' is a string of length {len(s)} that is neither a number "
+                             f"field '{fname}' is a string of length {len(num)} that is neither a number "
                              f"nor an ISO-8601 date-time") from None
             return t
+    elif isinstance(v, (int, float)):
+        num = v
     else:
         raise Reject("bad_timestamp", f"field '{fname}' is {type_name(v)}, expected a number or an ISO-8601 string")
+    x = float(num)
     if not math.isfinite(x):
         raise Reject("bad_timestamp", f"field '{fname}' is not a finite number")
-    unit = time_unit or default_unit
-    if unit is None:
-        ax = abs(x)
-        unit = "us" if ax > 1e14 else "ms" if ax > 1e11 else "s"
-    return x * TIME_UNITS[unit]
+    if isinstance(opts, Options):
+        unit = opts.time_unit or opts.file_unit or default_unit or guess_unit(x)
+        opts.file_unit = opts.file_unit or unit
+    else:
+        unit = opts or default_unit or guess_unit(x)
+    return to_us(num, unit)
 
 
-def _ts(rec: dict, opts: Options, default_unit: str | None = None) -> float:
+def _ts(rec: dict, opts: Options, default_unit: str | None = None) -> int:
     fname, v = _lookup(rec, opts, "timestamp", TS_NAMES)
     if v is _MISSING:
         names = opts.fields.get("timestamp") or "/".join(TS_NAMES)
         raise Reject("missing_timestamp", f"no timestamp field ({names}) in the record")
-    return parse_ts(v, fname, opts.time_unit, default_unit)
+    return parse_ts(v, fname, opts, default_unit)
 
 
 # ----------------------------------------------------------------- detection
@@ -540,7 +466,7 @@ def convert_chat(rec: dict, fmt: str, opts: Options) -> dict:
     row = _common_attrs(rec, opts, frozenset() if wrapped else body_keys)
     if row["prompt_cache_key"] is None and "prompt_cache_key" not in opts.fields:
         row["prompt_cache_key"] = _as_str(body.get("prompt_cache_key"), "request.prompt_cache_key")
-    row["ts"] = ts
+    row["ts_us"] = ts
     if "user_id" in opts.fields:
         uid = get_path(rec, opts.fields["user_id"])
         row["user_id"] = _as_str(uid, opts.fields["user_id"])
@@ -598,7 +524,7 @@ def convert_tokens(rec: dict, opts: Options) -> dict:
     if tenant is _MISSING:
         raise Reject("missing_tenant", f"no tenant field ({opts.fields.get('tenant') or '/'.join(TENANT_NAMES)}) "
                                        f"in the record; the tokens format requires one")
-    row["ts"] = ts
+    row["ts_us"] = ts
     row["tokens"] = toks
     if rec.get("output_tokens") is not None:
         row["output_tokens"] = _int_list(rec["output_tokens"], "output_tokens", INT32)
@@ -629,7 +555,7 @@ def convert_mooncake(rec: dict, opts: Options) -> dict:
         raise Reject("no_prompt", "no 'hash_ids' field in the record")
     blocks = _int_list(rec["hash_ids"], "hash_ids", INT64)
     row = _common_attrs(rec, opts)
-    row["ts"] = ts
+    row["ts_us"] = ts
     row["block_ids"] = blocks
     row["input_length"] = _length(rec, "input_length", True)
     row["output_length"] = _length(rec, "output_length", False)
@@ -703,13 +629,13 @@ def _trajectory_row(m: dict, prefix: str, ser: list[str], session: str, opts: Op
     extra = m.get("extra") if isinstance(m.get("extra"), dict) else {}
     resp = extra.get("response") if isinstance(extra.get("response"), dict) else {}
     if resp.get("created") is not None:
-        ts = parse_ts(resp["created"], "extra.response.created", opts.time_unit)
+        ts = parse_ts(resp["created"], "extra.response.created", opts)
     elif extra.get("timestamp") is not None:
-        ts = parse_ts(extra["timestamp"], "extra.timestamp", opts.time_unit)
+        ts = parse_ts(extra["timestamp"], "extra.timestamp", opts)
     else:
         raise Reject("missing_timestamp", "assistant turn has neither extra.response.created nor extra.timestamp")
     row = {
-        "ts": ts,
+        "ts_us": ts,
         "tenant": "default",
         "session": session,
         "model": _as_str(resp.get("model"), "extra.response.model"),

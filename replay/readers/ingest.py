@@ -14,6 +14,7 @@ import glob
 import gzip
 import hashlib
 import io
+import dataclasses
 import itertools
 import json
 import math
@@ -34,22 +35,10 @@ try:  # compiled beside the trie (setup.py); without it, values are serialized t
     from replay.readers._jsonhash import item_hashes
 except ImportError:  # pragma: no cover - an install without a compiler
     item_hashes = None
+from replay.readers.formats import (FORMATS, TIME_UNITS, Options, Reject, convert_record, convert_trajectory,
+                                    detect_record, normalize_fields)
 from replay.store import db
-from replay.readers.formats import (
-    FORMATS,
-    TIME_UNITS,
-    Options,
-    Reject,
-    convert_record,
-    dumps,
-    convert_trajectory,
-    detect_record,
-    JSONDecodeError,
-    loads_fast,
-    normalize_fields,
-    orjson_agrees,
-    strip_nulls,
-)
+from replay.store.jsontext import JSONDecodeError, dumps, loads_fast, orjson_agrees, strip_nulls
 
 __all__ = ["IngestSummary", "ingest", "summary_text", "expand_paths"]
 
@@ -71,7 +60,7 @@ REQUEST_SCHEMA = pa.schema([
     ("source_id", pa.int64()),
     ("line_no", pa.int64()),
     ("format", pa.string()),
-    ("ts", pa.float64()),
+    ("ts_us", pa.int64()),
     ("tenant", pa.string()),
     ("prompt_cache_key", pa.string()),
     ("session", pa.string()),
@@ -660,7 +649,7 @@ class _FileIngest:
         self.sid = source_id
         self.next_id = first_id
         self.forced = forced
-        self.opts = opts
+        self.opts = dataclasses.replace(opts, file_unit=None)  # the file decides its own time unit
         self.pbar = pbar
         self.stats = _FileStats(format=forced)
         self.slow: set[int] = set()  # JSONL lines the standard parser had to read
@@ -926,9 +915,10 @@ def ingest(
                     raise open_error
                 writer.flush()
                 deferred.submit(con.execute,
-                                "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                [sid, path, sha, stats.format, stats.lines, stats.loaded, stats.rejected])
+                                "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected, "
+                                "time_unit) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                [sid, path, sha, stats.format, stats.lines, stats.loaded, stats.rejected,
+                                 job.opts.time_unit or job.opts.file_unit])
                 # committed on the deferred thread while the next file is read; an error
                 # there is raised at the next file's first insert, or at the end
                 deferred.submit(con.commit)

@@ -53,14 +53,20 @@ def set_meta(con, key: str, value: str) -> None:
 
 
 def untokenized(con) -> int:
-    """Requests without a prompts row (Mooncake's block traces need none)."""
+    """Requests still waiting for the tokenize stage: without a prompts row, not set
+    aside (unrenderable), and not a block trace (Mooncake's need none)."""
     return con.execute("""
         SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
-        WHERE p.request_id IS NULL AND r.format <> 'mooncake'""").fetchone()[0]
+        WHERE p.request_id IS NULL AND r.format <> 'mooncake'
+          AND NOT EXISTS (SELECT 1 FROM set_aside s WHERE s.request_id = r.request_id)""").fetchone()[0]
 
 
 def arrow(con, sql: str, params=None):
-    """Run a query and return a pyarrow Table."""
+    """Run a query and return a pyarrow Table (through a relation: a DB-API result
+    would copy the rows once more). A result ``execute`` left unread is run to
+    its end first, as ``execute`` itself would."""
+    if hasattr(con, "complete"):
+        con.complete()
     rel = con.sql(sql, params=params) if params else con.sql(sql)
     if hasattr(rel, "to_arrow_table"):
         return rel.to_arrow_table()

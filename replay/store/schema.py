@@ -12,6 +12,7 @@ TABLES: dict[str, str] = {
             lines BIGINT,
             loaded BIGINT,
             rejected BIGINT,
+            time_unit VARCHAR,          -- the unit its numeric timestamps were read in (s, ms, us)
             ingested_at TIMESTAMP DEFAULT current_timestamp
         )""",
     "requests": """
@@ -20,7 +21,7 @@ TABLES: dict[str, str] = {
             source_id BIGINT NOT NULL,
             line_no BIGINT NOT NULL,
             format VARCHAR NOT NULL,
-            ts DOUBLE NOT NULL,
+            ts_us BIGINT NOT NULL,      -- microseconds, epoch or relative (replay.core.times)
             tenant VARCHAR NOT NULL,
             prompt_cache_key VARCHAR,
             session VARCHAR,
@@ -81,10 +82,28 @@ TABLES: dict[str, str] = {
             mode VARCHAR NOT NULL,
             request_id BIGINT NOT NULL,
             stream VARCHAR NOT NULL,
-            ts DOUBLE NOT NULL,
+            model VARCHAR,              -- with stream, the cache the request could hit
+            ts_us BIGINT NOT NULL,
             prompt_tokens BIGINT NOT NULL,
-            gaps DOUBLE[] NOT NULL,
+            gaps BIGINT[] NOT NULL,     -- microseconds
             depths BIGINT[] NOT NULL
+        )""",
+    "walk_sets": """
+        CREATE TABLE IF NOT EXISTS walk_sets (
+            variant VARCHAR NOT NULL,
+            mode VARCHAR NOT NULL,
+            horizon_us BIGINT NOT NULL,  -- exact for every TTL up to this (replay.core.times.INF_US: all)
+            fingerprint VARCHAR NOT NULL,  -- of the requests and prompts it was replayed from
+            requests BIGINT NOT NULL,
+            PRIMARY KEY (variant, mode)
+        )""",
+    "set_aside": """
+        CREATE TABLE IF NOT EXISTS set_aside (
+            request_id BIGINT PRIMARY KEY,  -- loaded, but left out of the replay
+            stage VARCHAR NOT NULL,
+            reason VARCHAR NOT NULL,
+            detail VARCHAR,
+            tokenizer VARCHAR            -- the tokenizer (and rendering) that could not take it
         )""",
     "results": """
         CREATE TABLE IF NOT EXISTS results (
@@ -119,10 +138,21 @@ REQUEST_BODIES_VIEW = """
     GROUP BY e.request_id"""
 
 
+SCHEMA_VERSION = "2"  # 2: times as integer microseconds, walk sets, streams split by model
+
+
+class OldDatabase(RuntimeError):
+    """A database file written by an earlier version of the tables."""
+
+
 def create_all(con) -> None:
+    """Create every table; refuse a database whose tables are of an earlier version."""
+    old = con.execute("""SELECT count(*) FROM information_schema.columns
+                         WHERE table_name = 'requests' AND column_name = 'ts'""").fetchone()[0]
+    if old:
+        raise OldDatabase("this database was written by an earlier version of replay (times in float "
+                          "seconds); start a new one (replay run --fresh, or another --db) and ingest again")
     for ddl in TABLES.values():
         con.execute(ddl)
-    # additive migration of databases made before body blobs existed
-    con.execute("ALTER TABLE requests ADD COLUMN IF NOT EXISTS body_blobs UBIGINT[]")
-    con.execute("ALTER TABLE blobs ADD COLUMN IF NOT EXISTS first_request BIGINT")
     con.execute(REQUEST_BODIES_VIEW)
+    con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])

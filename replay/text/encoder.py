@@ -73,7 +73,7 @@ import numpy as np
 from replay.text import child
 from replay.text import segids
 from replay.text import tiktoken_bpe
-from replay.readers.formats import loads
+from replay.store.jsontext import loads
 from replay.text.render import MARKERS, render_part
 
 BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"

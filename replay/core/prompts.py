@@ -1,0 +1,207 @@
+"""The replay's input: every replayable request, in processing order, as a symbol array.
+
+Text requests are their prompt's tokens (the concatenation of its segments);
+block traces (Mooncake) are their block ids, made negative so they never meet
+token ids, with each block's token length in ``cum``. Requests are read in
+time order, ties in input order (semantics.md), a chunk at a time. Requests
+set aside by the tokenize stage (unrenderable) are not replayed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from replay.core.trie import COMPILED
+from replay.store import db
+
+if COMPILED:  # the same prompt assembly, compiled beside the trie
+    from replay.core._trie import extend as _compiled_extend
+else:
+    _compiled_extend = None
+
+MOONCAKE_BLOCK = 512
+RECENT_CONVERSATIONS = 512  # latest prompt kept per (tenant, session or key), to build the next one from
+
+#: the requests the replay walks: those with a prompt row, and block traces (which need none)
+REPLAYABLE = "(r.format = 'mooncake' OR p.request_id IS NOT NULL)"
+
+
+@dataclass
+class Prompt:
+    """One request as the replay sees it (``ts`` in integer microseconds)."""
+    request_id: int
+    ts: int
+    tenant: str
+    key: str | None
+    session: str | None
+    symbols: np.ndarray            # token ids, or negative block ids for block traces
+    cum: np.ndarray | None         # symbol depth -> token depth (block traces only)
+    output: np.ndarray | None      # generated symbols, when the log has them
+    n_tokens: int
+    model: str | None = None
+    # the first ``shared`` symbols are those of the conversation's previous prompt,
+    # which had (ts, key, session, model) = ``previous``: where that one was walked,
+    # they are a path of the trie already (replay_prompts)
+    shared: int = 0
+    previous: tuple[int, str | None, str | None, str | None] | None = None
+
+
+def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block ids as negative symbols, with cumulative token depths (last block partial)."""
+    ids = np.asarray(block_ids, dtype=np.int64)
+    sizes = np.full(len(ids), MOONCAKE_BLOCK, dtype=np.int64)
+    if len(ids):
+        sizes[-1] = input_length - MOONCAKE_BLOCK * (len(ids) - 1)
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    return -(ids + 1), cum
+
+
+class SegmentStore:
+    """seg_id -> token array, loaded once from the `segments` table."""
+
+    def __init__(self, con):
+        tbl = db.arrow(con, "SELECT seg_id, tokens FROM segments")
+        toks = tbl.column("tokens").combine_chunks()
+        offsets = toks.offsets.to_numpy()
+        values = toks.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        self._tokens: dict[int, np.ndarray] = {
+            sid: values[offsets[i]:offsets[i + 1]] for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist())}
+
+    def tokens(self, seg_id: int) -> np.ndarray:
+        return self._tokens[seg_id]
+
+    def lengths(self) -> dict[int, int]:
+        return {s: len(a) for s, a in self._tokens.items()}
+
+    def concat(self, seg_ids) -> np.ndarray:
+        """The tokens of ``seg_ids`` in order (a new array)."""
+        if not len(seg_ids):
+            return np.empty(0, dtype=np.int32)
+        if len(seg_ids) == 1:
+            return self._tokens[seg_ids[0]].copy()
+        return np.concatenate(itemgetter(*seg_ids)(self._tokens))
+
+    def extend(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> tuple[np.ndarray, int]:
+        """:meth:`extend_py`, compiled when the trie is (one allocation filled by memcpy)."""
+        if _compiled_extend is not None:
+            return _compiled_extend(self._tokens, seg_ids, prev)
+        return self.extend_py(seg_ids, prev)
+
+    def extend_py(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> tuple[np.ndarray, int]:
+        """``concat(seg_ids)``, copying the part shared with ``prev`` (an earlier
+        prompt's segment ids and tokens) in one piece when ``seg_ids`` repeats all
+        of prev's segments but its last (an agent's next turn: the same
+        conversation, then the reply and new messages instead of the generation
+        marker) — joining hundreds of segments again is most of the cost. Otherwise
+        the segments it shares with prev from the start are copied in one piece.
+        Also returns how many leading tokens are prev's."""
+        if prev is not None:
+            psegs, ptoks = prev
+            n = len(psegs) - 1
+            if 0 < n < len(seg_ids) and seg_ids[:n] == psegs[:n]:
+                cut = len(ptoks) - len(self._tokens[psegs[-1]])
+            else:  # an earlier message changed (an agent trimming old tool output, say)
+                n = next((i for i, (a, b) in enumerate(zip(seg_ids, psegs)) if a != b), min(len(seg_ids), len(psegs)))
+                if n == 0:
+                    return self.concat(seg_ids), 0
+                cut = sum(map(len, itemgetter(*psegs[:n])(self._tokens))) if n > 1 else len(self._tokens[psegs[0]])
+            rest = seg_ids[n:]
+            if not rest:
+                return ptoks[:cut].copy(), cut
+            return np.concatenate([ptoks[:cut], *itemgetter(*rest)(self._tokens)] if len(rest) > 1
+                                  else [ptoks[:cut], self._tokens[rest[0]]]), cut
+        return self.concat(seg_ids), 0
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+
+class NotTokenized(RuntimeError):
+    """Requests wait for the tokenize stage."""
+
+
+def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator[Prompt]:
+    """Every replayable request in processing order (time, then input order), as symbol arrays."""
+    missing = db.untokenized(con)
+    if missing:
+        raise NotTokenized(f"{missing} requests are not tokenized yet: run the tokenize stage first")
+    segs = SegmentStore(con)
+    out_col = "p.output_seg_ids" if with_output else "NULL"
+    last: OrderedDict = OrderedDict()
+    for tbl in time_ordered_chunks(con, f"""
+            r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model, r.format,
+            p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length""", chunk):
+        # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
+        cols = {c: db.list_rows(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids")}
+        meta = {c: tbl.column(c).to_pylist() for c in
+                ("request_id", "ts_us", "tenant", "prompt_cache_key", "session", "model", "format",
+                 "input_length")}
+        for k, rid in enumerate(meta["request_id"]):
+            ts, key, session, model = (meta[c][k] for c in ("ts_us", "prompt_cache_key", "session", "model"))
+            output, shared, previous, cum = None, 0, None, None
+            if meta["format"][k] == "mooncake":
+                symbols, cum = mooncake_symbols(_or_empty(cols["block_ids"][k]), int(meta["input_length"][k] or 0))
+                n = int(cum[-1])
+            else:
+                ids = _or_empty(cols["seg_ids"][k]).tolist()
+                conv = (meta["tenant"][k], session or key)
+                before = last.get(conv)
+                symbols, shared = segs.extend(ids, before and before[:2])
+                if shared:
+                    previous = before[2]
+                # the conversation's latest prompt, for its next turn
+                last[conv] = (ids, symbols, (ts, key, session, model))
+                last.move_to_end(conv)
+                if len(last) > RECENT_CONVERSATIONS:
+                    last.popitem(last=False)
+                n = len(symbols)
+                out_ids = _or_empty(cols["output_seg_ids"][k]).tolist()
+                if len(out_ids):
+                    output = segs.concat(out_ids)
+            yield Prompt(rid, ts, meta["tenant"][k], key, session, symbols, cum, output, n, model,
+                         shared, previous)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _or_empty(row: np.ndarray | None) -> np.ndarray:
+    return _EMPTY if row is None else row
+
+
+def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
+    """Arrow tables of ``requests r LEFT JOIN prompts p`` (``columns`` must start
+    with ``r.request_id``) over the replayable requests, in processing order —
+    time, then input order.
+
+    Only the keys are sorted; rows are fetched chunk by chunk in that order, so
+    memory stays bounded by the chunk (one ORDER BY over a week's token-id lists
+    does not fit a capped DuckDB). A chunk's ids, with their places, are handed
+    to DuckDB as an Arrow table it joins with inside the chunk's id range (zone
+    maps skip the rest) and orders by.
+    """
+    order = con.execute(f"SELECT r.request_id FROM requests r LEFT JOIN prompts p USING (request_id) "
+                        f"WHERE {REPLAYABLE} ORDER BY r.ts_us, r.request_id").fetchnumpy()["request_id"]
+    name = f"__replay_chunk_ids_{next(_CHUNK_VIEWS)}"  # generators of one connection may interleave
+    for start in range(0, len(order), chunk):
+        ids = order[start:start + chunk]
+        con.register(name, pa.table({"request_id": pa.array(ids, pa.int64()),
+                                     "__pos": pa.array(np.arange(len(ids), dtype=np.int64))}))
+        try:
+            tbl = db.arrow(con, f"SELECT {columns} FROM requests r LEFT JOIN prompts p USING (request_id) "
+                                f"JOIN {name} q ON q.request_id = r.request_id "
+                                f"WHERE r.request_id BETWEEN {int(ids.min())} AND {int(ids.max())} "
+                                f"ORDER BY q.__pos")
+        finally:
+            con.unregister(name)
+        yield tbl
+
+
+_CHUNK_VIEWS = itertools.count()

@@ -1,0 +1,56 @@
+"""The one `prepare`: tokenized prompts and current walks, for whoever needs them.
+
+Every consumer of walks (sweep, profiles, economics, diagnose, whatif,
+validate, report, bench) says which walk sets it needs — (variant, stream
+mode) pairs and the horizon its TTLs need — and gets them current: the
+requests are tokenized when some are not, and every set that
+``replay.store.walksets`` does not list as current for this data and horizon
+is replayed. Nothing else replays, so no consumer can read walks that are
+stale or short (the readers refuse them too).
+"""
+
+from __future__ import annotations
+
+from replay.core.replay import replay_stage
+from replay.core.streams import MODES, VARIANTS, check_modes
+from replay.core.times import INF_US
+from replay.store import db, walksets
+from replay.text.tokenize import Tok, confirm_tokens, load_tokenizer, tokenize_needed, tokenize_stage
+
+
+def as_tokenizer(tokenizer) -> Tok:
+    """A ``Tok`` from a ``Tok``, a local tokenizer directory, or None (the default)."""
+    return tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
+
+
+def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
+            tokenizer=None, progress: bool = False) -> dict:
+    """Make sure prompts are tokenized and the walks of every (variant, mode) are
+    current for ``horizon_us`` (exact for every TTL up to it). Returns what ran
+    (``tokenize``, ``replay``: the stages' summaries)."""
+    modes = check_modes(modes)
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        raise ValueError(f"unknown walk variant(s) {bad}; choose from {', '.join(VARIANTS)}")
+    keys = [(v, m) for v in variants for m in modes]
+    done: dict = {}
+    pending = tokenize_needed(con)
+    tok = as_tokenizer(tokenizer) if (pending or tokenizer is not None) else None
+    if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
+        # the encoder's late checks run beside the replay; its rows are trusted only after them
+        done["tokenize"] = tokenize_stage(con, tok, progress=progress, check=False)
+    todo = walksets.stale(con, keys, horizon_us)
+    if todo:
+        done["replay"] = _replay(con, todo, horizon_us, progress)
+    if "tokenize" in done and not confirm_tokens(con, tok):
+        done["tokenize"] = tokenize_stage(con, tok.exact(), progress=progress)
+        done["replay"] = _replay(con, keys, horizon_us, progress)
+    return done
+
+
+def _replay(con, keys, horizon_us: int, progress: bool):
+    """One replay pass over the modes and variants of ``keys`` (a pass walks
+    every mode of every variant it is given; sets it redoes are recorded anew)."""
+    modes = tuple(m for m in MODES if any(k[1] == m for k in keys))
+    variants = tuple(v for v in VARIANTS if any(k[0] == v for k in keys))
+    return replay_stage(con, modes=modes, variants=variants, horizon_us=horizon_us, progress=progress)
