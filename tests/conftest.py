@@ -13,7 +13,7 @@ def _cache_dir(tmp_path_factory):
     os.environ["REPLAY_CACHE_DIR"] = str(tmp_path_factory.mktemp("replay-cache"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def shared_data():
     if not SHARED.exists():
         pytest.skip(f"shared data not found at {SHARED}")

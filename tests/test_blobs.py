@@ -17,9 +17,9 @@ from replay.readers.ingest import ingest
 from replay.synth.generator import generate
 from replay.text.tokenize import load_prompt_tokens, load_tokenizer, tokenize_stage
 
-ROOT = Path(__file__).resolve().parents[1]
-TRAJ = sorted(glob.glob("/work/shared/data/mini-swe-agent-deepseek/*/*.traj.json*")) or sorted(
-    glob.glob(str(ROOT.parent / "shared/data/mini-swe-agent-deepseek/*/*.traj.json*")))
+from conftest import ROOT, SHARED
+
+TRAJ = sorted(glob.glob(str(SHARED / "mini-swe-agent-deepseek/*/*.traj.json*")))
 
 
 @pytest.fixture(scope="module")

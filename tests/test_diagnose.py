@@ -194,20 +194,17 @@ def test_planted_causes_found_with_their_token_losses(planted):
     df = miss_parts(con, ttl=math.inf, block=1, min_prefix=0, stream="global")
     _check_additive(df)
     diag = _by_line(con, df)
-    figures = {}
     for cause in [c for c in CAUSE_OF_TENANT.values() if c]:
         affected = [ln for ln, (c, loss) in truth.items() if c == cause and loss > 0]
         assert affected, cause
         found = sum(diag[ln]["cause"] == cause for ln in affected)
         true_tokens = sum(truth[ln][1] for ln in affected)
         got_tokens = sum(r["premature"] for r in diag.values() if r["cause"] == cause)
-        figures[cause] = (found / len(affected), got_tokens / true_tokens - 1)
         assert found >= 0.9 * len(affected), (cause, found, len(affected))
         assert abs(got_tokens - true_tokens) <= 0.10 * true_tokens, (cause, got_tokens, true_tokens)
     unaffected = [ln for ln, (c, loss) in truth.items() if loss <= 0]
     blamed = [ln for ln in unaffected if diag[ln]["cause"] is not None]
     assert len(blamed) < 0.05 * len(unaffected), blamed
-    print(figures)
 
 
 @pytest.mark.parametrize("ttl,block,m,stream", [(300, 16, 0, "tenant"), (30, 64, 1024, "session"),

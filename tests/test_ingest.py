@@ -17,9 +17,8 @@ from replay.store import db
 from replay.readers.formats import BASH_TOOL, Reject, parse_ts
 from replay.readers.ingest import IngestSummary, expand_paths, ingest, summary_text
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not DATA.exists():
-    DATA = Path("/work/shared/data")
+from conftest import SHARED as DATA  # noqa: E402
+
 MOONCAKE = DATA / "mooncake" / "conversation_trace.jsonl"
 TRAJ_DIR = DATA / "mini-swe-agent-deepseek" / "deepseek_chat_dev"
 
@@ -220,9 +219,7 @@ def test_mooncake_small(con, tmp_path):
 
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="shared mooncake trace absent")
 def test_mooncake_real_trace(con):
-    t0 = time.perf_counter()
     s = ingest(con, [str(MOONCAKE)])
-    elapsed = time.perf_counter() - t0
     assert (s.lines, s.loaded, s.rejected) == (12031, 12031, 0)
     check_reconciles(con, s)
     r = con.execute("SELECT count(*), min(ts_us) / 1000000, max(ts_us) / 1000000, avg(input_length), "
@@ -230,7 +227,6 @@ def test_mooncake_real_trace(con):
     assert r[0] == 12031 and r[1] == 0.0 and 3000 < r[2] < 3700
     assert 11000 < r[3] < 13000
     assert r[4]
-    assert elapsed < 10, elapsed
 
 
 @pytest.mark.skipif(not TRAJ_DIR.exists(), reason="shared mini-swe-agent trajectories absent")
