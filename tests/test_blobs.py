@@ -64,13 +64,13 @@ def test_sample_blobs_equal_inline(tok):
 def test_long_agent_sessions_blobs_equal_inline(tmp_path, tok, monkeypatch, memo_entries, value_hash):
     """Also with a tiny key memo, so its generations turn over all the time, and
     with the key memo keyed by serializing (no compiled value hash)."""
-    import replay.readers.ingest
+    import replay.readers.blobs
 
     if memo_entries is not None:
-        monkeypatch.setattr(replay.readers.ingest, "KEY_MEMO_ENTRIES", memo_entries)
+        monkeypatch.setattr(replay.readers.blobs, "KEY_MEMO_ENTRIES", memo_entries)
     if not value_hash:
-        monkeypatch.setattr(replay.readers.ingest, "item_hashes", None)
-    elif replay.readers.ingest.item_hashes is None:
+        monkeypatch.setattr(replay.readers.blobs, "item_hashes", None)
+    elif replay.readers.blobs.item_hashes is None:
         pytest.skip("replay.readers._jsonhash is not built here")
     generate(tmp_path, seed=3, scale=0.5, days=1, turns=20, chat_share=0.3)
     _, con_b = _same([str(tmp_path)], tok)
@@ -233,16 +233,16 @@ def test_value_hash_equal_exactly_when_orjson_writes_the_same():
 
     import orjson
 
-    import replay.readers.ingest
+    import replay.readers.blobs
 
-    if replay.readers.ingest.item_hashes is None:
+    if replay.readers.blobs.item_hashes is None:
         pytest.skip("replay.readers._jsonhash is not built here")
     rng = random.Random(5)
     values = [_json_values(rng) for _ in range(3000)]
     values += [{"b": 1, "a": 2}, {"a": 2, "b": 1}, [[1], 2], [1, [2]], [1, 2], {"a": [1.0]}, {"a": [1]}]
     copies = [orjson.loads(orjson.dumps(v)) for v in values]  # the same content, new objects
-    hashes = replay.readers.ingest.item_hashes(values)
-    assert hashes == replay.readers.ingest.item_hashes(copies)
+    hashes = replay.readers.blobs.item_hashes(values)
+    assert hashes == replay.readers.blobs.item_hashes(copies)
     by_hash: dict[int, set] = {}
     for h, v in zip(hashes, values):
         by_hash.setdefault(h, set()).add(orjson.dumps(v))
@@ -251,17 +251,17 @@ def test_value_hash_equal_exactly_when_orjson_writes_the_same():
     assert len(by_hash) > 1000
     # what it has no hash for: the caller serializes instead
     for odd in (2**64, [1, 2**70], {1: "a"}, (1, 2), {"a": {"b": object()}}):
-        assert replay.readers.ingest.item_hashes([{"x": 1}, odd]) is None
+        assert replay.readers.blobs.item_hashes([{"x": 1}, odd]) is None
 
 
 def test_the_value_hash_is_built_where_a_compiler_is():
     import shutil
 
-    import replay.readers.ingest
+    import replay.readers.blobs
 
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler here")
-    assert replay.readers.ingest.item_hashes is not None
+    assert replay.readers.blobs.item_hashes is not None
 
 
 def test_prepared_parts_whose_segments_did_not_all_come_are_left_out():

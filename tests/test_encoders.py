@@ -1,4 +1,4 @@
-"""The encoder (replay/encoder.py): every shortcut gives exactly the ids of Hugging
+"""The encoder (replay/text/encoder.py): every shortcut gives exactly the ids of Hugging
 Face ``tokenizers`` (the reference), and any disagreement is caught."""
 
 from __future__ import annotations

@@ -721,7 +721,7 @@ def test_fast_parser_reads_what_the_standard_parser_reads():
     import random
 
     from replay.store.jsontext import JSONDecodeError, loads, loads_fast
-    from replay.readers.ingest import _parse_line
+    from replay.readers.files import parse_line
 
     rng = random.Random(0)
     refused = 0
@@ -737,7 +737,7 @@ def test_fast_parser_reads_what_the_standard_parser_reads():
             refused += 1  # the standard parser reads these (NaN, 1e400, lone surrogates)
             got = loads(text)
         assert _same_value(got, want), text
-        assert _same_value(_parse_line(text.encode() + b"\n"), want), text
+        assert _same_value(parse_line(text.encode() + b"\n"), want), text
     assert refused > 0  # the fallback was exercised too
 
 
@@ -747,7 +747,7 @@ def test_blob_text_equals_the_standard_serialization():
     import orjson
 
     from replay.store.jsontext import compact_dumps
-    from replay.readers.ingest import _text, _text_of
+    from replay.readers.blobs import part_text, part_text_of
 
     rng = random.Random(1)
     for _ in range(20_000):
@@ -760,10 +760,10 @@ def test_blob_text_equals_the_standard_serialization():
         except (TypeError, orjson.JSONEncodeError):
             continue  # integers beyond 64 bits, lone surrogates: the standard path is taken
         try:
-            want = _text(obj)
+            want = part_text(obj)
         except Exception:
             continue
-        assert _text_of(ser, obj) == want
+        assert part_text_of(ser, obj) == want
         assert compact_dumps(obj) == json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -775,10 +775,11 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
     import duckdb
 
     import replay.readers.ingest as ingest_mod
+    import replay.readers.writer as writer_mod
 
     paths = [write_jsonl(tmp_path / f"{n}.jsonl", [anthropic_wrapped(ts=10 * k + i) for i in range(3)])
              for k, n in enumerate("abc")]
-    real_insert = ingest_mod._Writer._insert_now
+    real_insert = writer_mod.Writer._insert_now
     calls = {"commits": 0}
 
     def insert(self, table, tbl, schema):
@@ -786,7 +787,7 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
             raise duckdb.ConstraintException("planted")
         return real_insert(self, table, tbl, schema)
 
-    monkeypatch.setattr(ingest_mod._Writer, "_insert_now", insert)
+    monkeypatch.setattr(writer_mod.Writer, "_insert_now", insert)
     if fail_on == "commit":
         class Deferred(ingest_mod.db.Deferred):
             def submit(self, fn, *args):

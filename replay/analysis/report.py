@@ -9,23 +9,31 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Callable
 
-import matplotlib
+import numpy as np
+import polars as pl
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import polars as pl  # noqa: E402
-
-from replay.analysis.overview import idle_gaps, overview  # noqa: E402
-from replay.core.grid import Grid  # noqa: E402
-from replay.core.sweep import sweep  # noqa: E402
-from replay.core.times import format_ttl  # noqa: E402
-from replay.prepare import prepare  # noqa: E402
+from replay.analysis.overview import idle_gaps, overview
+from replay.core.grid import Grid
+from replay.core.sweep import sweep
+from replay.core.times import format_ttl
+from replay.prepare import prepare
 
 Section = Callable[[object, Path], str]
+
+
+def _pyplot():
+    """matplotlib's pyplot, drawing to files (imported when a plot is made: it is
+    the slowest import of the package, and most commands draw nothing)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _pct(x: float) -> str:
@@ -43,6 +51,7 @@ def _md_table(df: pl.DataFrame) -> str:
 def plot_ceiling_vs_ttl(res: pl.DataFrame, grid: Grid, path: Path) -> None:
     """Hit ratio against TTL, one panel per stream mode, one line per block size."""
     modes = list(grid.streams)
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(modes), figsize=(4.2 * len(modes), 3.6), sharey=True, squeeze=False)
     finite = sorted(t for t in grid.ttls if t != math.inf)
     xs = {t: i for i, t in enumerate(finite + ([math.inf] if math.inf in grid.ttls else []))}
@@ -73,6 +82,7 @@ def plot_ceiling_vs_ttl(res: pl.DataFrame, grid: Grid, path: Path) -> None:
 def plot_idle_gaps(gaps: pl.DataFrame, ttls, path: Path) -> None:
     """CDF of the idle gap to the previous request of the same stream, with the TTLs."""
     g = gaps.drop_nulls("gap_s")["gap_s"].to_numpy()
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     if len(g):
         g = np.sort(np.maximum(g, 0.01))
@@ -92,6 +102,7 @@ def plot_idle_gaps(gaps: pl.DataFrame, ttls, path: Path) -> None:
 
 
 def plot_stream_bars(per: pl.DataFrame, path: Path, title: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 0.3 * len(per) + 1.2))
     labels = [s if m is None else f"{s} ({m})" for s, m in zip(per["stream_key"], per["model"])]
     ax.barh(labels[::-1], per["hit_ratio"].to_list()[::-1])
@@ -113,16 +124,46 @@ def headline_config(grid: Grid) -> dict:
 
 def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str | None = None,
                  extra_sections: list[Section] = (), progress=False, tokenizer=None) -> Path:
+    """Sweep ``grid`` (preparing its walks first) and write ``report.md`` with its
+    plots, ``sweep.parquet`` and ``sweep.json`` into ``out_dir``; the
+    ``extra_sections`` follow the ceiling's own (one that fails is named in the
+    report, and the rest still come). Returns the report's path."""
     grid = grid or Grid()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     prepare(con, modes=grid.streams, horizon_us=grid.horizon_us, tokenizer=tokenizer, progress=progress)
     res = sweep(con, grid)
-    ov = overview(con)
     res.write_parquet(out / "sweep.parquet")
     (out / "sweep.json").write_text(json.dumps(res.to_dicts(), indent=1))
-
     h = headline_config(grid)
+    plot_ceiling_vs_ttl(res, grid, out / "ceiling_vs_ttl.png")
+    plot_idle_gaps(idle_gaps(con, h["stream"]), grid.ttls, out / "idle_gaps.png")
+    lines = _summary(overview(con), res, grid, h, title)
+    lines += _per_stream(con, grid, h, out)
+    lines += ["## Idle gaps against the TTLs", "",
+              "How long each stream sat idle before a request. Requests to the right of a TTL line "
+              "find their prefix gone at that TTL.", "", "![idle gaps](idle_gaps.png)", ""]
+    for section in extra_sections:
+        try:
+            lines += [section(con, out), ""]
+        except Exception as exc:  # noqa: BLE001 - an optional section must not lose the report
+            print(f"report: a section could not be computed ({type(exc).__name__}: {exc})", file=sys.stderr)
+            lines += [f"_A section could not be computed: {type(exc).__name__}: {exc}_", ""]
+    lines += ["## How to read this", "",
+              "- *Hit ratio* = cached prompt tokens / all prompt tokens (token-weighted, first requests "
+              "included), as vLLM reports it. A hit is the longest prefix shared with an earlier request "
+              "of the same stream within the TTL, floored to whole blocks, and zero below the minimum "
+              "prefix (`semantics.md`).",
+              "- Stream modes: `tenant` — one cache per tenant; `key` — per prompt_cache_key (tenant when "
+              "missing); `global` — everyone shares one cache. Whatever the mode, a cache belongs to one "
+              "model: requests to different models never share a prefix.", ""]
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _summary(ov: dict, res: pl.DataFrame, grid: Grid, h: dict, title: str | None) -> list[str]:
+    """The report's head: what was read, the headline ceiling and the sweep's spread."""
     sel = res.filter((pl.col("stream") == h["stream"]) & (pl.col("block") == h["block"])
                      & (pl.col("min_prefix") == h["min_prefix"]))
     head = sel.filter(pl.col("ttl_s") == h["ttl"]) if h["ttl"] != math.inf else sel.filter(pl.col("ttl_s").is_null())
@@ -130,25 +171,21 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
     lo, hi = res["hit_ratio"].min(), res["hit_ratio"].max()
     best = res.sort("hit_ratio", descending=True).row(0, named=True)
     worst = res.sort("hit_ratio").row(0, named=True)
-
-    plot_ceiling_vs_ttl(res, grid, out / "ceiling_vs_ttl.png")
-    gaps = idle_gaps(con, h["stream"])
-    plot_idle_gaps(gaps, grid.ttls, out / "idle_gaps.png")
-
     span_h = ((ov["last_ts"] or 0) - (ov["first_ts"] or 0)) / 3600
-    lines = [
-        f"# {title or 'Prefix-cache sizing report'}",
-        "",
+    aside = (f", {ov['set_aside']:,} request(s) set aside as unrenderable (see `set_aside`)"
+             if ov["set_aside"] else "")
+    table = res.with_columns(
+        pl.col("ttl_s").fill_null(float("inf")).map_elements(format_ttl, return_dtype=pl.String).alias("ttl"),
+        (pl.col("hit_ratio") * 100).round(1).alias("hit %")).select(
+        ["stream", "ttl", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit %", "requests_hit"])
+    return [
+        f"# {title or 'Prefix-cache sizing report'}", "",
         f"_Generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC by `replay`; tokenizer: "
-        f"`{ov['tokenizer'] or 'none (block trace)'}`._",
-        "",
-        "## Summary",
-        "",
+        f"`{ov['tokenizer'] or 'none (block trace)'}`._", "",
+        "## Summary", "",
         f"- **{ov['requests']:,} requests** over {span_h:.1f} h from {ov['tenants']} tenant(s), "
-        f"{ov['keys']} prompt_cache_key(s), {ov['sessions']} session(s); "
-        f"{ov['rejected']:,} input line(s) rejected at ingest (see `rejects`)"
-        + (f", {ov['set_aside']:,} request(s) set aside as unrenderable (see `set_aside`)" if ov["set_aside"]
-           else "") + ".",
+        f"{ov['keys']} prompt_cache_key(s), {ov['sessions']} session(s), {ov['models']} model(s); "
+        f"{ov['rejected']:,} input line(s) rejected at ingest (see `rejects`){aside}.",
         f"- {ov['logical_prompt_tokens']:,} prompt tokens in all, made of "
         f"{ov['unique_content_tokens']:,} tokens of unique content.",
         f"- **Ceiling at {format_ttl(h['ttl'])} TTL, block {h['block']}, per {h['stream']}: "
@@ -159,23 +196,16 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
         f"block {best['block']}, min {best['min_prefix']}). That spread is the honest error bar of the "
         "estimate: which end applies depends on what your provider or engine shares and keeps.",
         "- This is a *ceiling*: what an unbounded cache with these rules would hit. Provider rules, "
-        "capacity and prices lower it (see the later sections where present).",
-        "",
-        "## Ceiling against TTL",
-        "",
-        "![ceiling vs TTL](ceiling_vs_ttl.png)",
-        "",
-    ]
-    table = res.with_columns(
-        pl.col("ttl_s").fill_null(float("inf")).map_elements(format_ttl, return_dtype=pl.String).alias("ttl"),
-        (pl.col("hit_ratio") * 100).round(1).alias("hit %")).select(
-        ["stream", "ttl", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens",
-         "hit %", "requests_hit"])
-    lines += ["<details><summary>The whole sweep</summary>", "", _md_table(table), "", "</details>", ""]
+        "capacity and prices lower it (see the later sections where present).", "",
+        "## Ceiling against TTL", "", "![ceiling vs TTL](ceiling_vs_ttl.png)", "",
+        "<details><summary>The whole sweep</summary>", "", _md_table(table), "", "</details>", ""]
 
-    lines += ["## Per stream", "",
-              "An aggregate over streams misleads: a few large streams can carry the ratio. "
-              f"Per {'stream'} at TTL {format_ttl(h['ttl'])}, block {h['block']}:", ""]
+
+def _per_stream(con, grid: Grid, h: dict, out: Path) -> list[str]:
+    """Per cache (stream key and model) of the tenant and key modes: the top 25 by tokens."""
+    lines = ["## Per stream", "",
+             "An aggregate over streams misleads: a few large streams can carry the ratio. "
+             f"Per stream at TTL {format_ttl(h['ttl'])}, block {h['block']}:", ""]
     per_grid = Grid(ttls=tuple(sorted({h["ttl"], math.inf})), blocks=(h["block"],),
                     min_prefixes=(h["min_prefix"],),
                     streams=tuple(m for m in ("tenant", "key") if m in grid.streams) or grid.streams[:1])
@@ -198,26 +228,4 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
                             (pl.col("hit_inf") * 100).round(1).alias("hit % @inf")])
         lines += [f"### By {mode} ({len(d)} streams{', top 25 by tokens' if len(d) > 25 else ''})", "",
                   f"![per {mode}](streams_{mode}.png)", "", _md_table(shown), ""]
-
-    lines += ["## Idle gaps against the TTLs", "",
-              "How long each stream sat idle before a request. Requests to the right of a TTL line "
-              "find their prefix gone at that TTL.", "", "![idle gaps](idle_gaps.png)", ""]
-    for section in extra_sections:
-        try:
-            lines += [section(con, out), ""]
-        except Exception as exc:  # noqa: BLE001 - an optional section must not lose the report
-            import sys
-
-            print(f"report: a section could not be computed ({type(exc).__name__}: {exc})", file=sys.stderr)
-            lines += [f"_A section could not be computed: {type(exc).__name__}: {exc}_", ""]
-    lines += ["## How to read this", "",
-              "- *Hit ratio* = cached prompt tokens / all prompt tokens (token-weighted, first requests "
-              "included), as vLLM reports it. A hit is the longest prefix shared with an earlier request "
-              "of the same stream within the TTL, floored to whole blocks, and zero below the minimum "
-              "prefix (`semantics.md`).",
-              "- Stream modes: `tenant` — one cache per tenant; `key` — per prompt_cache_key (tenant when "
-              "missing); `global` — everyone shares one cache. Whatever the mode, a cache belongs to one "
-              "model: requests to different models never share a prefix.", ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
-    return path
+    return lines

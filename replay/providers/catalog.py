@@ -150,7 +150,7 @@ def _base_profiles() -> dict[str, Profile]:
         "mlx-lm", "mlx", "mlx-lm server: token-level nearest prefix over an LRU of 10 stored prompt caches",
         variant="prompt+output", block=1, min_prefix=0, ttl_fixed=True,
         honours="stream", overrides="ttl (none: count-capped LRU, option cache_size=10), block=1, min_prefix=0",
-        sources="mlx-lm 0.32.2 models/cache.py, server.py (see replay.profiles_mlx)",
+        sources="mlx-lm 0.32.2 models/cache.py, server.py (see replay.providers.mlx_cache)",
         params={"cache_size": 10})
     for fam, m in ANTHROPIC_MIN_TOKENS.items():
         name = f"anthropic-{fam}"

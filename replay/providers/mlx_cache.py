@@ -21,7 +21,7 @@ Read from the installed mlx-lm (0.32.2) source, ``mlx_lm/models/cache.py``
   than K entries remain the oldest-*inserted* one goes (``CacheOrder.pop``; a
   hit never refreshes an entry). All entries here are of type ``assistant``:
   the ``system``/``user`` segment entries of chat requests are avoided by the
-  way :mod:`replay.validate` sends requests (see :mod:`replay.mlx_model`).
+  way :mod:`replay.validate` sends requests (see :mod:`replay.validate.mlx_model`).
 * **Byte cap** ``--prompt-cache-bytes``: enforced only when a request arrives,
   *after* its lookup (``prompt_cache.trim_to(n_bytes=total - active)``), where
   ``active`` is the size of the KV cache the request just copied out of the
@@ -124,7 +124,7 @@ def simulate_mlx(prompts: Sequence[np.ndarray], outputs: Sequence[np.ndarray] | 
     entry is ``prompts[i] + outputs[i]``); ``None`` (or a ``None`` item) keys on
     the prompt alone. Requests are served one at a time in the given order.
     ``cache_size=None`` means no count cap; ``cache_bytes`` needs
-    ``bytes_per_token`` (see :func:`replay.mlx_model.kv_bytes_per_token`).
+    ``bytes_per_token`` (see :func:`replay.validate.mlx_model.kv_bytes_per_token`).
     ``stats``, if given, receives ``evictions`` (entries dropped by a cap).
     """
     if cache_bytes is not None and bytes_per_token <= 0:

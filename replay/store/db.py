@@ -28,16 +28,15 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
     # DuckDB keeps up to 80 % of RAM as buffer cache by default; the stages stream,
     # so a modest cap keeps the process's memory about the work, not the file size.
     con.execute(f"SET memory_limit = '{os.environ.get('REPLAY_DUCKDB_MEMORY', '128MB')}'")
-    # Checkpoints: DuckDB's default (every 16 MB of write-ahead log) unless
-    # REPLAY_DUCKDB_CHECKPOINT says otherwise; 1 GB kept a day's uncheckpointed rows
-    # inside the 128 MB cap and cost 0.4 s of 4 (bench/README.md).
+    # Checkpoints: DuckDB's default unless REPLAY_DUCKDB_CHECKPOINT says otherwise
+    # (a large threshold keeps uncheckpointed rows inside the memory cap: slower).
     if os.environ.get("REPLAY_DUCKDB_CHECKPOINT"):
         con.execute(f"SET checkpoint_threshold = '{os.environ['REPLAY_DUCKDB_CHECKPOINT']}'")
     # Strings (body parts: JSON text) are stored with zstd rather than DuckDB's
-    # default dictionary/FSST: on a day of agent traffic ingest ran 6 % fewer
-    # instructions (most of a checkpoint is compressing them) and the file was half
-    # the size (bench/README.md). Other types keep their own methods.
-    # REPLAY_DUCKDB_COMPRESSION=auto gives DuckDB's choice back.
+    # default dictionary/FSST: fewer instructions at checkpoints (most of a
+    # checkpoint is compressing them) and a file half the size (bench/README.md).
+    # Other types keep their own methods. REPLAY_DUCKDB_COMPRESSION=auto gives
+    # DuckDB's choice back.
     con.execute(f"SET force_compression = '{os.environ.get('REPLAY_DUCKDB_COMPRESSION', 'zstd')}'")
     schema.create_all(con)
     return con
@@ -91,10 +90,8 @@ class Deferred:
 
     DuckDB inserts and commits (with the checkpoint it makes at a commit) run
     without the interpreter lock, so on that thread they overlap the stage's
-    next piece of Python work: ingest parsing the next batch or file (its
-    inserts and commits were ~15 % of the stage at four days of agent
-    traffic), the tokenize stage preparing its next chunk (its commits ~15 % of
-    the stage at a week-rate day). The caller uses the connection itself only
+    next piece of Python work: ingest parsing the next batch or file, the
+    tokenize stage preparing its next chunk. The caller uses the connection itself only
     after :meth:`wait`. At most ``depth`` pieces of work wait (their batches are
     memory). Once one fails, the rest are skipped (DuckDB would refuse them
     anyway: the transaction is aborted), and the error is raised to the caller

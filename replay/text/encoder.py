@@ -15,7 +15,7 @@ The reference is Hugging Face ``tokenizers`` (the tokenizer.json as shipped).
 * **tiktoken** (for the same pre-tokenizer): the unique pieces are encoded by a
   tiktoken encoding of the same vocabulary, 2-3x faster than the reference
   here and built in ~0.5 s, ~0.2 s once its ranks are in the cache (the argument
-  that its ids are the reference's is in :mod:`replay.tiktoken_bpe`).
+  that its ids are the reference's is in :mod:`replay.text.tiktoken_bpe`).
 * **fastokens** (when installed): a Rust BPE encoder for the same tokenizer.json,
   16-40x faster than the reference here but ~2 s and ~150 MB to build. It is built once the text
   encoded otherwise passes ``FASTOKENS_AFTER_CHARS`` (or at once with
@@ -38,17 +38,17 @@ tokenize stage is done with it, and the reference is loaded and the samples
 checked beside the replay; ``verdict`` waits for the outcome. A late
 disagreement cannot be undone by encoding the batch again, since its ids are
 stored already: the verdict names the shortcut, and the caller tokenizes again
-with the reference alone (:func:`replay.tokenize.confirm_tokens`; the
+with the reference alone (:func:`replay.text.tokenize.confirm_tokens`; the
 pipeline does, then replays again). So it still costs speed only.
 
 :class:`EncoderProcess` runs an Engine in a child process (``python -m
-replay.encoder``): building a ``tokenizers.Tokenizer`` holds the interpreter
+replay.text.encoder``): building a ``tokenizers.Tokenizer`` holds the interpreter
 lock for ~0.6 s, and there it costs the caller nothing; ``warm()`` hands it
 body parts the ingest stage has just stored (blob id, kind, JSON text), which it
 renders and encodes on the other core while ingest goes on (:class:`Prepared`):
 the tokenize stage then takes each part's segment ids and the new segments'
 tokens from it instead of rendering and encoding them itself. Rendering is
-:func:`replay.render.render_part` and the ids :mod:`replay.segids` in both
+:func:`replay.text.render.render_part` and the ids :mod:`replay.text.segids` in both
 processes, so the rows are the same either way. The protocol is pickled frames
 on the child's stdin/stdout.
 """

@@ -1,7 +1,7 @@
 """Tokenize stage: ``requests`` → content-addressed ``segments`` + ``prompts``.
 
 Every request body is rendered with the neutral template of
-:mod:`replay.render` into pieces; each piece is a *segment* keyed by a
+:mod:`replay.text.render` into pieces; each piece is a *segment* keyed by a
 tokenizer-independent content id (``seg_id`` = first 8 bytes, unsigned
 big-endian, of ``blake2b`` (64-byte digest) over):
 
@@ -11,7 +11,7 @@ big-endian, of ``blake2b`` (64-byte digest) over):
 * tokens:  ``b"tokens\\0" + int32 little-endian bytes`` (pre-tokenized logs)
 
 Unique texts are tokenized once, in batches, without BOS/EOS, by the encoder
-(:mod:`replay.encoder`: exactly the ids of Hugging Face ``tokenizers``, usually
+(:mod:`replay.text.encoder`: exactly the ids of Hugging Face ``tokenizers``, usually
 in a helper process that has prepared most body parts while ingest ran).
 Because a marker (an added token) sits between any two text pieces,
 segment-wise tokenization equals tokenizing the whole rendered prompt (checked
@@ -62,7 +62,7 @@ BATCH_CHARS = 4_000_000
 
 
 # --------------------------------------------------------------------------- segment ids
-# (the id scheme of the module docstring lives in replay.segids)
+# (the id scheme of the module docstring lives in replay.text.segids)
 from replay.text.segids import (  # noqa: E402,F401 - re-exported
     MARKER_SEG as _MARKER_SEG,
     h64 as _h64,
@@ -100,7 +100,7 @@ class Tok:
     ``chat_template`` the template string or None; ``tokenizer`` the Hugging
     Face ``tokenizers.Tokenizer`` itself (loaded here on first use).
 
-    The encoding is done by a :class:`replay.encoder.Engine` — exactly the
+    The encoding is done by a :class:`replay.text.encoder.Engine` — exactly the
     reference ``tokenizers`` ids, for less work (line pieces, tiktoken, fastokens;
     see that module) — in a child process started here (``REPLAY_ENCODER=inline``
     keeps it in this process; so does a child that cannot start or dies, with
@@ -789,7 +789,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     cleanly. Re-running adds nothing.
 
     The encoder's shortcuts are checked on a sample against the reference
-    (:mod:`replay.encoder`), some of it only once the stage is done. ``check``:
+    (:mod:`replay.text.encoder`), some of it only once the stage is done. ``check``:
     wait for those checks here (:func:`confirm_tokens`; on a disagreement the
     stage runs again with the reference alone); False leaves it to the caller,
     which then calls :func:`confirm_tokens` itself — after the replay, say, so

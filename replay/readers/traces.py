@@ -1,0 +1,74 @@
+"""Token-level traces → `requests` row: `tokens` (token ids per request) and
+`mooncake` (Mooncake's block hash ids with input/output lengths, timestamps in ms)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replay.readers.fields import (INT32, INT64, MISSING, TENANT_NAMES, Options, Reject, as_str,
+                                   common_attrs, int_or_none, lookup_field, get_path, type_name)
+from replay.readers.timestamps import record_ts
+
+
+def int_list(v: Any, fname: str, bounds: tuple[int, int]) -> list[int]:
+    if not isinstance(v, list):
+        raise Reject("wrong_type", f"field '{fname}' is {type_name(v)}, expected an array of integers")
+    lo, hi = bounds
+    for i, x in enumerate(v):
+        if type(x) is not int:
+            if isinstance(x, float) and x.is_integer():
+                v = [int(y) if isinstance(y, float) and y.is_integer() else y for y in v]
+                return int_list(v, fname, bounds)
+            raise Reject("wrong_type", f"{fname}[{i}] is {type_name(x)}, expected an integer")
+        if not lo <= x <= hi:
+            raise Reject("wrong_type", f"{fname}[{i}] is out of range for a {'32' if hi < 2**32 else '64'}-bit integer")
+    return v
+
+
+def convert_tokens(rec: dict, opts: Options) -> dict:
+    ts = record_ts(rec, opts)
+    if "tokens" not in rec or rec["tokens"] is None:
+        raise Reject("no_prompt", "no 'tokens' field in the record")
+    toks = int_list(rec["tokens"], "tokens", INT32)
+    row = common_attrs(rec, opts)
+    tname, tenant = lookup_field(rec, opts, "tenant", TENANT_NAMES)
+    if tenant is MISSING:
+        raise Reject("missing_tenant", f"no tenant field ({opts.fields.get('tenant') or '/'.join(TENANT_NAMES)}) "
+                                       f"in the record; the tokens format requires one")
+    row["ts_us"] = ts
+    row["tokens"] = toks
+    if rec.get("output_tokens") is not None:
+        row["output_tokens"] = int_list(rec["output_tokens"], "output_tokens", INT32)
+    if "model" in opts.fields:
+        row["model"] = as_str(get_path(rec, opts.fields["model"]), opts.fields["model"])
+    else:
+        row["model"] = as_str(rec.get("model"), "model")
+    if "user_id" in opts.fields:
+        row["user_id"] = as_str(get_path(rec, opts.fields["user_id"]), opts.fields["user_id"])
+    return row
+
+
+def _length(rec: dict, name: str, required: bool) -> int | None:
+    v = rec.get(name)
+    if v is None:
+        if required:
+            raise Reject("missing_field", f"no '{name}' field in the record")
+        return None
+    n = int_or_none(v)
+    if n is None or n < 0:
+        raise Reject("wrong_type", f"field '{name}' is {type_name(v)}, expected a non-negative integer")
+    return n
+
+
+def convert_mooncake(rec: dict, opts: Options) -> dict:
+    ts = record_ts(rec, opts, default_unit="ms")
+    if rec.get("hash_ids") is None:
+        raise Reject("no_prompt", "no 'hash_ids' field in the record")
+    blocks = int_list(rec["hash_ids"], "hash_ids", INT64)
+    row = common_attrs(rec, opts)
+    row["ts_us"] = ts
+    row["block_ids"] = blocks
+    row["input_length"] = _length(rec, "input_length", True)
+    row["output_length"] = _length(rec, "output_length", False)
+    row["model"] = as_str(rec.get("model"), "model")
+    return row

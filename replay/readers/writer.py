@@ -1,0 +1,132 @@
+"""Batched writing of ingest's rows: `requests`, `rejects` and new `blobs` go
+into DuckDB as Arrow batches, inserted on the `db.Deferred` thread."""
+
+from __future__ import annotations
+
+import duckdb
+import pyarrow as pa
+
+from replay.readers.blobs import BLOB_SCHEMA, Blobs
+from replay.store import db
+from replay.store.jsontext import dumps
+
+BATCH_ROWS = 5000
+BATCH_BYTES = 64 << 20  # also flush when the buffered bodies/outputs reach this size
+
+REQUEST_SCHEMA = pa.schema([
+    ("request_id", pa.int64()),
+    ("source_id", pa.int64()),
+    ("line_no", pa.int64()),
+    ("format", pa.string()),
+    ("ts_us", pa.int64()),
+    ("tenant", pa.string()),
+    ("prompt_cache_key", pa.string()),
+    ("session", pa.string()),
+    ("user_id", pa.string()),
+    ("model", pa.string()),
+    ("body", pa.string()),
+    ("output", pa.string()),
+    ("tokens", pa.list_(pa.int32())),
+    ("output_tokens", pa.list_(pa.int32())),
+    ("block_ids", pa.list_(pa.int64())),
+    ("input_length", pa.int64()),
+    ("output_length", pa.int64()),
+    ("usage_prompt_tokens", pa.int64()),
+    ("usage_cached_tokens", pa.int64()),
+    ("usage_cache_write_tokens", pa.int64()),
+    ("usage_output_tokens", pa.int64()),
+    ("body_blobs", pa.list_(pa.uint64())),
+])
+REJECT_SCHEMA = pa.schema([
+    ("source_id", pa.int64()),
+    ("path", pa.string()),
+    ("line_no", pa.int64()),
+    ("reason", pa.string()),
+    ("detail", pa.string()),
+])
+
+
+class Writer:
+    """Buffers request/reject rows and inserts them into DuckDB as Arrow batches,
+    on ``deferred``'s thread (the caller waits for it before using the
+    connection itself)."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, deferred: db.Deferred, batch_rows: int = BATCH_ROWS,
+                 blobs: Blobs | None = None):
+        self.con = con
+        self.deferred = deferred
+        self.batch_rows = batch_rows
+        self.blobs = blobs
+        self.req: dict[str, list] = {n: [] for n in REQUEST_SCHEMA.names}
+        self.rej: dict[str, list] = {n: [] for n in REJECT_SCHEMA.names}
+        self.n_req = 0
+        self.n_rej = 0
+        self.req_bytes = 0
+
+    def request(self, ids: dict, row: dict, fast: bool = False, memo: dict | None = None) -> None:
+        if "body_obj" in row:
+            body = row.pop("body_obj")
+            if self.blobs is not None:
+                self.blobs.request_id = ids["request_id"]
+            bids = self.blobs.split(body, fast, memo) if self.blobs is not None else None
+            if bids is None:
+                row["body"] = dumps(body)
+            else:
+                row["body_blobs"] = bids
+        for n, col in self.req.items():
+            col.append(ids[n] if n in ids else row.get(n))
+        self.n_req += 1
+        self.req_bytes += len(row.get("body") or "") + len(row.get("output") or "")
+        blob_bytes = self.blobs.bytes if self.blobs is not None else 0
+        if self.n_req >= self.batch_rows or self.req_bytes + blob_bytes >= BATCH_BYTES:
+            self._flush_requests()
+
+    def reject(self, source_id: int | None, path: str, line_no: int | None, reason: str, detail: str) -> None:
+        r = self.rej
+        r["source_id"].append(source_id)
+        r["path"].append(path)
+        r["line_no"].append(line_no)
+        r["reason"].append(reason)
+        r["detail"].append(detail)
+        self.n_rej += 1
+        if self.n_rej >= self.batch_rows:
+            self._flush_rejects()
+
+    def _insert(self, table: str, cols, schema: pa.Schema) -> None:
+        # (the Arrow table is built here: from Python lists, that needs the interpreter lock)
+        tbl = cols if isinstance(cols, pa.Table) else pa.Table.from_pydict(cols, schema=schema)
+        self.deferred.submit(self._insert_now, table, tbl, schema)
+
+    def _insert_now(self, table: str, tbl: pa.Table, schema: pa.Schema) -> None:
+        names = ", ".join(schema.names)
+        self.con.register("__replay_ingest_batch", tbl)
+        try:
+            self.con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM __replay_ingest_batch")
+        finally:
+            self.con.unregister("__replay_ingest_batch")
+
+    def _flush_requests(self) -> None:
+        if self.blobs is not None and self.blobs.ids:
+            self._insert("blobs", self.blobs.table(), BLOB_SCHEMA)
+            self.blobs.flushed()
+        if self.n_req:
+            self._insert("requests", self.req, REQUEST_SCHEMA)
+            self.req = {n: [] for n in REQUEST_SCHEMA.names}
+            self.n_req = self.req_bytes = 0
+
+    def _flush_rejects(self) -> None:
+        if self.n_rej:
+            self._insert("rejects", self.rej, REJECT_SCHEMA)
+            self.rej = {n: [] for n in REJECT_SCHEMA.names}
+            self.n_rej = 0
+
+    def flush(self) -> None:
+        self._flush_requests()
+        self._flush_rejects()
+
+    def discard(self, whole_file: bool = False) -> None:
+        if self.blobs is not None:
+            self.blobs.discard(whole_file)
+        self.req = {n: [] for n in REQUEST_SCHEMA.names}
+        self.rej = {n: [] for n in REJECT_SCHEMA.names}
+        self.n_req = self.n_rej = self.req_bytes = 0
