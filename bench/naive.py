@@ -33,7 +33,8 @@ from replay.core.times import INF_US, ttl_us
 from replay.readers.formats import Options, Reject, convert_record, detect_record
 from replay.readers.ingest import expand_paths
 from replay.text.render import render_request, render_text
-from replay.text.tokenize import load_prompt_tokens, load_tokenizer
+from replay.text.tok import load_tokenizer
+from replay.text.tokenize import load_prompt_tokens
 
 
 def _records(paths):

@@ -161,7 +161,7 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         replay.readers.ingest.DEFAULT_BODY_BLOBS = before
     peak = {"ingest": _peak_rss_mb()}  # max RSS so far: which stage sets the peak
     done = api.prepare(con, modes=STREAMS, horizon_us=grid.horizon_us, tokenizer=tokenizer)
-    t3, c3 = time.perf_counter(), time.process_time()
+    c3 = time.process_time()
     tok, rep = done["tokenize"], done["replay"]
     peak["replay"] = _peak_rss_mb()
     own = time.perf_counter()  # the bench's own look at the encoder process: not counted

@@ -31,7 +31,8 @@ from replay.readers.ingest import ingest as _ingest
 from replay.store import db
 from replay.store.db import DEFAULT_DB  # noqa: F401
 from replay.synth.generator import generate as synth  # noqa: F401
-from replay.text.tokenize import load_tokenizer, tokenize_stage
+from replay.text.tok import load_tokenizer
+from replay.text.tokenize import tokenize_stage
 from replay.validate.check import store_result, summary_lines, validate, validation_section  # noqa: F401
 
 __all__ = ["open_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep", "profile_sweep",

@@ -15,7 +15,8 @@ from replay.core.replay import replay_stage
 from replay.core.streams import MODES, VARIANTS, check_modes
 from replay.core.times import INF_US
 from replay.store import db, walksets
-from replay.text.tokenize import Tok, confirm_tokens, load_tokenizer, tokenize_needed, tokenize_stage
+from replay.text.tok import Tok, load_tokenizer
+from replay.text.tokenize import confirm_tokens, tokenize_needed, tokenize_stage
 
 
 def as_tokenizer(tokenizer) -> Tok:

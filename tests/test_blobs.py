@@ -15,7 +15,8 @@ import pytest
 from replay.store import db
 from replay.readers.ingest import ingest
 from replay.synth.generator import generate
-from replay.text.tokenize import load_prompt_tokens, load_tokenizer, tokenize_stage
+from replay.text.tok import load_tokenizer
+from replay.text.tokenize import load_prompt_tokens, tokenize_stage
 
 from conftest import ROOT, SHARED
 
@@ -266,22 +267,23 @@ def test_the_value_hash_is_built_where_a_compiler_is():
 
 def test_prepared_parts_whose_segments_did_not_all_come_are_left_out():
     """The tokenize stage adds the encoder process's prepared parts to its pools
-    as whole arrays (``_BlobCache._take_prepared``); a part one of whose new
+    as whole arrays (``BlobCache._take_prepared``); a part one of whose new
     segments was not handed over is left out (the stage renders it instead),
     and the others keep their own segments and parts."""
     import numpy as np
 
     from replay.text.encoder import PreparedBlobs
-    from replay.text.tokenize import _BlobCache, _SegmentStore
+    from replay.text.blob_cache import BlobCache
+    from replay.text.tokenize import NewSegments
 
     class FakeTok:  # hands over the tokens of every segment but 22
         def take_segments(self, seg_ids):
             return {s: np.array([s % 7, 1], dtype=np.int32) for s in seg_ids if s != 22}
 
     con = db.connect(None)
-    store = _SegmentStore(con, FakeTok(), 1000)
+    store = NewSegments(con, FakeTok(), 1000)
     store.known[11] = 3  # already stored: not asked for
-    cache = _BlobCache(store)
+    cache = BlobCache(store)
     got = PreparedBlobs(ids=[100, 101, 102], kinds=["message", "tool", "system"],
                         seg_ids=np.array([11, 21, 22, 31, 32, 11], dtype=np.uint64),
                         lengths=np.array([1, 2, 3], dtype=np.int64),

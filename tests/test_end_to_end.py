@@ -9,7 +9,6 @@ from click.testing import CliRunner
 
 from replay.cli.main import main
 from replay.core import oracle
-from replay.core.times import ttl_us
 
 from gen import US, random_requests
 

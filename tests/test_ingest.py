@@ -365,7 +365,7 @@ def test_unknown_format(con, tmp_path):
 
 
 def test_unreadable_file(con, tmp_path):
-    good = write_jsonl(tmp_path / "good.jsonl", [anthropic_wrapped()])
+    write_jsonl(tmp_path / "good.jsonl", [anthropic_wrapped()])
     bad = tmp_path / "broken.jsonl.gz"
     data = gzip.compress(("\n".join(json.dumps(anthropic_wrapped(ts=i)) for i in range(50))).encode())
     bad.write_bytes(data[: len(data) // 2])  # truncated gzip stream

@@ -5,7 +5,6 @@ integer milliseconds (the trace's own unit)."""
 import json
 import math
 
-import pytest
 
 from replay.store import db
 from replay import api as pipeline

@@ -15,7 +15,7 @@ from replay.core.grid import Grid
 from replay.core.sweep import sweep
 from replay.core.times import ttl_us
 from replay.prepare import prepare
-from replay.providers.catalog import PROFILES, get_profile, list_profiles, profile_for_model
+from replay.providers.catalog import get_profile, list_profiles, profile_for_model
 from replay.providers.profiles import profile_sweep
 from replay.providers.request_hits import request_hits
 from replay.providers.simulators import AnthropicRequest, anthropic_layout, openai_round, simulate_anthropic
@@ -34,7 +34,7 @@ TTLS = (0, 2, 5, 30, math.inf)
 def make_db(reqs, usage=None, bodies=None):
     """requests/prompts/segments for ``reqs`` (``tokens`` format, one segment each)."""
     con = db.connect(None)
-    seg_ids, seg_tok, n = [], [], 0
+    seg_ids, seg_tok = [], []
     rows = []
     for i, r in enumerate(reqs):
         sid, oid = 2 * i + 1, 2 * i + 2

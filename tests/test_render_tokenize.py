@@ -22,17 +22,9 @@ from replay.text.render import (
     render_request,
     render_text,
 )
-from replay.text.tokenize import (
-    Tok,
-    _deepseek_tokenizer_json,
-    image_seg_id,
-    load_prompt_tokens,
-    load_tokenizer,
-    marker_seg_id,
-    text_seg_id,
-    tokenize_stage,
-    tokens_seg_id,
-)
+from replay.text.segids import image_seg_id, marker_seg_id, text_seg_id, tokens_seg_id
+from replay.text.tok import Tok, _deepseek_tokenizer_json, load_tokenizer
+from replay.text.tokenize import load_prompt_tokens, tokenize_stage
 
 
 # --------------------------------------------------------------------------- helpers
@@ -531,7 +523,8 @@ def test_a_request_with_an_unrenderable_body_part_is_set_aside(tmp_path, tok, mo
     aside every request holding it, and only those."""
     from replay.readers.ingest import ingest
     from replay.synth.generator import generate
-    from replay.text import tokenize as tokenize_module
+    from replay.text import blob_cache as tokenize_module
+    from replay.text.tok import load_tokenizer
 
     generate(tmp_path / "logs", seed=3, scale=0.2)
     con = db.connect(tmp_path / "x.duckdb")
@@ -549,7 +542,7 @@ def test_a_request_with_an_unrenderable_body_part_is_set_aside(tmp_path, tok, mo
 
     monkeypatch.setattr(tokenize_module, "render_part", render_part)
     monkeypatch.setenv("REPLAY_ENCODER", "inline")  # (the helper process would render it itself)
-    s = tokenize_stage(con, tokenize_module.load_tokenizer())
+    s = tokenize_stage(con, load_tokenizer())
     aside = dict(con.execute("SELECT request_id, detail FROM set_aside").fetchall())
     assert set(aside) == holders and s.failed == len(holders) > 0
     assert all(d == "cannot render the request body (RecursionError)" for d in aside.values())

@@ -57,7 +57,8 @@ def synthetic_db(n_sessions: int = 3, turns: int = 5, seed: int = 0, words: int 
     for i, (ts, sess, body) in enumerate(rows):
         con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts_us, tenant, session, body) "
                     "VALUES (?,?,?,?,?,?,?,?)", [i, 1, i + 1, "anthropic", int(ts * 1_000_000), "default", sess, body])
-    from replay.text.tokenize import load_tokenizer, tokenize_stage
+    from replay.text.tok import load_tokenizer
+    from replay.text.tokenize import tokenize_stage
     tokenize_stage(con, load_tokenizer())
     return con
 
@@ -97,7 +98,7 @@ def test_chat_template_renders_the_neutral_template(model_dir):
     from mlx_lm.utils import load_tokenizer
 
     from replay.text.render import render_request
-    from replay.text.tokenize import load_tokenizer as replay_tok
+    from replay.text.tok import load_tokenizer as replay_tok
 
     tok = load_tokenizer(__import__("pathlib").Path(model_dir))
     rt = replay_tok()

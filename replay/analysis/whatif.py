@@ -44,7 +44,8 @@ from replay.providers.catalog import get_profile
 from replay.store import db
 from replay.store.jsontext import dumps
 from replay.text.render import tool_name
-from replay.text.tokenize import Tok, tokenize_stage
+from replay.text.tok import Tok
+from replay.text.tokenize import tokenize_stage
 
 __all__ = ["FIXES", "normalize_body", "normalized_copy", "ceiling", "whatif", "format_whatif",
            "parse_fix"]

@@ -108,7 +108,7 @@ def load_logs(con, logs, fmt, fields, time_unit, quiet=False, tokenizer=None) ->
             raise click.ClickException("nothing could be loaded from the given logs")
     if api.requests_count(con) == 0:
         raise click.ClickException("the database holds no requests: give log files to ingest"
-                                   + ("" if logs else f" (or run `replay ingest LOGS --db ...` first)"))
+                                   + ("" if logs else " (or run `replay ingest LOGS --db ...` first)"))
 
 
 def profile_names(values) -> list[str]:

@@ -21,7 +21,6 @@ the log has output usage.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import tomllib
 from dataclasses import dataclass

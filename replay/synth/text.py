@@ -167,7 +167,7 @@ class Text:
         if k == 3:
             return f"ls -la {self.c(('src', 'tests', 'lib', 'scripts'))}/{self.c(NOUNS)}"
         if k == 4:
-            return f"cargo build --release 2>&1 | tail -30" if self.r.random() < 0.3 else "make lint"
+            return "cargo build --release 2>&1 | tail -30" if self.r.random() < 0.3 else "make lint"
         if k == 5:
             return f"python scripts/{self.ident()}.py --dry-run"
         return f"npm test -- --grep \"{self.c(NOUNS)}\""

@@ -185,8 +185,8 @@ def make_flavor(seed: int, name: str) -> Flavor:
     for title in ("Tone and style", "Proactiveness", "Following conventions", "Code style",
                   "Task management", "Doing tasks", "Tool usage policy", "Security", "Git workflow"):
         sections.append(f"# {title}\n{tx.prose(tx.r.randint(600, 1050))}")
-    system_main = (f"You are an interactive CLI tool that helps users with software engineering tasks. "
-                   f"Use the instructions below and the tools available to you to assist the user.\n\n"
+    system_main = ("You are an interactive CLI tool that helps users with software engineering tasks. "
+                   "Use the instructions below and the tools available to you to assist the user.\n\n"
                    + "\n\n".join(sections)
                    + f"\n\nIf the user asks for help or wants to give feedback about {product}, "
                    "tell them to open an issue in the project tracker.")

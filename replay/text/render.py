@@ -474,7 +474,7 @@ def render_output(output: Any, fmt: str = "anthropic") -> list[Piece]:
 def render_text(pieces: Iterable[Piece], tokenizer: Any = None) -> str:
     """The whole prompt as one string (markers as their special-token strings).
 
-    ``tokenizer`` may be a :class:`replay.text.tokenize.Tok` (its ``marker_token``
+    ``tokenizer`` may be a ``replay.text.tok.Tok`` (its ``marker_token``
     gives the marker strings) or None for :data:`MARKERS`. Image pieces have no
     text form: a ValueError is raised (leave images out of whole-text checks).
     """

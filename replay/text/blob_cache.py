@@ -1,0 +1,315 @@
+"""Body parts rendered once: the tokenize stage's cache of content-addressed parts.
+
+Ingest stores chat bodies as content-addressed parts (``replay.readers.blobs``):
+each tool definition, system value and message once. A conversation resent
+every turn is then rendered once per message, not once per request, and a
+chunk's prompts are assembled from the parts' segments with array operations.
+Parts the encoder process prepared while ingest ran are taken as they are (the
+same rendering and ids).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from replay.store.jsontext import loads
+from replay.text import encoder
+from replay.text.render import render_part
+from replay.text.segids import MARKER_SEG
+
+
+class Grow:
+    """A numpy array that grows by appending (amortised doubling)."""
+
+    def __init__(self, dtype):
+        self.a = np.zeros(1024, dtype=dtype)
+        self.n = 0
+
+    def extend(self, values) -> None:
+        values = np.asarray(values, dtype=self.a.dtype)
+        need = self.n + len(values)
+        if need > len(self.a):
+            grown = np.zeros(max(need, 2 * len(self.a)), dtype=self.a.dtype)
+            grown[:self.n] = self.a[:self.n]
+            self.a = grown
+        self.a[self.n:need] = values
+        self.n = need
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.a[:self.n]
+
+
+_TOOL, _SYSTEM, _MESSAGE, _GLUE = 0, 1, 2, 3
+_KIND_CODES = {"tool": _TOOL, "system": _SYSTEM, "message": _MESSAGE, "glue": _GLUE}
+
+
+class BlobCache:
+    """blob_id → its rendered segments, so a conversation resent every turn is
+    rendered once per message, not once per request (see ingest's body blobs),
+    and a chunk's prompts are assembled with array operations.
+
+    Blob ``i`` (dense index) has a kind code, its segments
+    ``pool_seg[start[i]:end[i]]`` with their parts ``pool_part`` (tools 0, system
+    1; a message's part is its position in the request) and, once its segments
+    are tokenized, its token count ``ntok[i]``.
+    """
+
+    _BOS = MARKER_SEG["bos"]
+    _ASSISTANT = MARKER_SEG["assistant"]
+
+    def __init__(self, store):  # (replay.text.tokenize.NewSegments)
+        self.store = store
+        self.index: dict[int, int] = {}
+        self.kind = Grow(np.int8)
+        self.start = Grow(np.int64)
+        self.end = Grow(np.int64)
+        self.ntok = Grow(np.int64)  # -1 until known
+        self.pool_seg = Grow(np.uint64)
+        self.pool_part = Grow(np.int32)
+        self._pending_ntok: list[int] = []  # blobs whose token count is not known yet
+        self.failed: dict[int, str] = {}  # blob id -> why it could not be rendered
+
+    def load(self, con, blob_ids: np.ndarray, first_request: tuple[int, int] | None = None) -> None:
+        """Render every blob of ``blob_ids`` not seen yet — or take it from what the
+        encoder process prepared while ingest ran (the same rendering and ids).
+        ``first_request`` (lo, hi): the requests of the chunk; the blobs they
+        introduced are read by that range first."""
+        want = [b for b in np.unique(blob_ids).tolist() if b not in self.index]
+        if not want:
+            return
+        store = self.store
+        self._take_prepared(store.tok.take_blobs_flat(want))
+        rest = [b for b in want if b not in self.index]
+        entries = []  # (blob id, kind, seg ids, parts) of the others, rendered here
+        if rest:
+            rows = _fetch_blobs(con, rest, first_request)
+            if len(rows) < len(rest):
+                rows += _fetch_blobs(con, list(set(rest) - {r[0] for r in rows}), None)
+            if len(rows) < len(rest):
+                raise KeyError(f"{len(rest) - len(rows)} body blobs are missing from the blobs table")
+            add = store.add_piece
+            for bid, kind, text in rows:
+                if kind == "glue":
+                    entries.append((bid, kind, (), ()))
+                    continue
+                try:
+                    pieces = render_part(kind, loads(text))
+                except Exception as exc:  # noqa: BLE001 - its requests are set aside, with the reason
+                    self.failed[bid] = type(exc).__name__
+                    entries.append((bid, "glue", (), ()))  # (a stand-in holding nothing)
+                    continue
+                entries.append((bid, kind, [add(p) for p in pieces], [p[2] for p in pieces]))
+        kinds, starts, ends, segs, parts = [], [], [], [], []
+        pos = self.pool_seg.n
+        for bid, kind, sids, prt in entries:
+            i = self.index[bid] = len(self.index)
+            code = _KIND_CODES.get(kind, _SYSTEM)  # (any other kind renders with the system)
+            kinds.append(code)
+            starts.append(pos)
+            if code != _GLUE:
+                segs.append(np.asarray(sids, dtype=np.uint64))
+                parts.append(np.asarray(prt, dtype=np.int32))
+                pos += len(sids)
+                self._pending_ntok.append(i)
+            ends.append(pos)
+        self.kind.extend(kinds)
+        self.start.extend(starts)
+        self.end.extend(ends)
+        self.ntok.extend(np.where(np.array(kinds) == _GLUE, 0, -1))
+        if segs:
+            self.pool_seg.extend(np.concatenate(segs))
+            self.pool_part.extend(np.concatenate(parts))
+
+    def _take_prepared(self, got: "encoder.PreparedBlobs") -> "encoder.PreparedBlobs":
+        """Add the parts the encoder process prepared (with the tokens of their new
+        segments) to the pools, as whole arrays; a part whose new segments did not
+        all come is left out (rendered here instead). Returns what was added."""
+        if not len(got):
+            return got
+        store = self.store
+        known, new_arrays, new_texts = store.known, store.new_arrays, store.new_texts
+        need = [s for s in np.unique(got.seg_ids).tolist()
+                if s not in known and s not in new_arrays and s not in new_texts]
+        tokens = store.tok.take_segments(need)
+        new_arrays.update(tokens)
+        codes = np.array([_KIND_CODES.get(k, _SYSTEM) for k in got.kinds], dtype=np.int8)
+        keep = codes != _GLUE  # (never prepared: glue is not handed over)
+        if len(tokens) < len(need):
+            missing = np.array(sorted(set(need) - tokens.keys()), dtype=np.uint64)
+            owner = np.repeat(np.arange(len(got)), got.lengths)
+            keep &= np.bincount(owner[np.isin(got.seg_ids, missing)], minlength=len(got)) == 0
+        if not keep.all():
+            flat, _ = take_rows(np.concatenate([[0], np.cumsum(got.lengths)]), np.flatnonzero(keep))
+            got = type(got)([b for b, k in zip(got.ids, keep.tolist()) if k],
+                            [c for c, k in zip(got.kinds, keep.tolist()) if k],
+                            got.seg_ids[flat], got.lengths[keep], got.parts[flat])
+            codes = codes[keep]
+        n, base, pos = len(got), len(self.index), self.pool_seg.n
+        self.index.update(zip(got.ids, range(base, base + n)))
+        ends = pos + np.cumsum(got.lengths)
+        self.kind.extend(codes)
+        self.start.extend(ends - got.lengths)
+        self.end.extend(ends)
+        self.ntok.extend(np.full(n, -1, dtype=np.int64))
+        self.pool_seg.extend(got.seg_ids)
+        self.pool_part.extend(got.parts)
+        self._pending_ntok.extend(range(base, base + n))
+        return got
+
+    def count_tokens(self, known: dict[int, int]) -> None:
+        """Token counts of the blobs rendered since the last call (their segments are stored)."""
+        if not self._pending_ntok:
+            return
+        idx = np.array(self._pending_ntok, dtype=np.int64)
+        self._pending_ntok = []
+        lengths = self.end.view[idx] - self.start.view[idx]
+        segs = self.pool_seg.view
+        flat = _ranges(self.start.view[idx], lengths)
+        seg_len = np.fromiter(map(known.__getitem__, segs[flat].tolist()), dtype=np.int64, count=len(flat))
+        owner = np.repeat(np.arange(len(idx)), lengths)
+        self.ntok.view[idx] = np.bincount(owner, weights=seg_len, minlength=len(idx)).astype(np.int64)
+
+    def assemble(self, blob_ids: np.ndarray, offsets: np.ndarray):
+        """Prompts of requests whose bodies are ``blob_ids[offsets[r]:offsets[r+1]]``,
+        in render order: bos, tools, system, messages (part 2 + k), assistant.
+        Returns (seg_ids, seg_parts, prompt offsets into both, blob rows, blob indices):
+        the last two list the non-glue blobs used by each request (for token counts)."""
+        self.store.add_piece(("marker", "bos", 0))
+        self.store.add_piece(("marker", "assistant", 0))
+        n_req = len(offsets) - 1
+        idx = np.fromiter(map(self.index.__getitem__, blob_ids.tolist()), dtype=np.int64, count=len(blob_ids))
+        row = np.repeat(np.arange(n_req), np.diff(offsets))
+        kind = self.kind.view[idx]
+        keep = kind != _GLUE
+        idx, row, kind = idx[keep], row[keep], kind[keep]
+        order = np.lexsort((kind, row))  # stable: tools, system, messages, each in body order
+        idx, row, kind = idx[order], row[order], kind[order]
+        is_msg = kind == _MESSAGE
+        # a message's position k in its request: messages before it in the same row
+        before = np.cumsum(is_msg) - is_msg
+        k = before - before[np.searchsorted(row, row)]  # (rows are sorted: the row's first entry)
+        n_msgs = np.bincount(row[is_msg], minlength=n_req)
+
+        lengths = self.end.view[idx] - self.start.view[idx]
+        flat = _ranges(self.start.view[idx], lengths)
+        seg_row = np.repeat(row, lengths)
+        mid_seg = self.pool_seg.view[flat]
+        mid_part = np.where(np.repeat(is_msg, lengths), 2 + np.repeat(k, lengths),
+                            self.pool_part.view[flat]).astype(np.int32)
+        per_row = np.bincount(seg_row, minlength=n_req) + 2
+        out_off = np.zeros(n_req + 1, dtype=np.int64)
+        np.cumsum(per_row, out=out_off[1:])
+        seg_ids = np.empty(out_off[-1], dtype=np.uint64)
+        parts = np.empty(out_off[-1], dtype=np.int32)
+        pos = np.arange(len(flat)) + 1 + 2 * seg_row
+        seg_ids[pos] = mid_seg
+        parts[pos] = mid_part
+        seg_ids[out_off[:-1]] = self._BOS
+        parts[out_off[:-1]] = 0
+        seg_ids[out_off[1:] - 1] = self._ASSISTANT
+        parts[out_off[1:] - 1] = 2 + n_msgs
+        return seg_ids, parts, out_off, row, idx
+
+    def n_tokens(self, row: np.ndarray, idx: np.ndarray, n_req: int, known: dict[int, int]) -> np.ndarray:
+        """Each request's prompt length (its blobs' token counts + bos + assistant)."""
+        body = np.bincount(row, weights=self.ntok.view[idx], minlength=n_req).astype(np.int64)
+        return body + known[self._BOS] + known[self._ASSISTANT]
+
+
+def _fetch_blobs(con, blob_ids: list[int], first_request: tuple[int, int] | None) -> list[tuple]:
+    """(blob_id, kind, text or None for glue) of ``blob_ids`` — among the blobs first
+    held by requests lo..hi when ``first_request`` is given (a range the table's
+    zone maps narrow down; without it every blob's text would be read)."""
+    _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
+        np.array(blob_ids, dtype=np.uint64), pa.uint64())})
+    where, params = "", []
+    if first_request is not None:
+        where, params = " WHERE b.first_request BETWEEN ? AND ?", list(first_request)
+    return con.execute(
+        "SELECT b.blob_id, b.kind, CASE WHEN b.kind = 'glue' THEN NULL ELSE b.text END "
+        f"FROM blobs b SEMI JOIN _replay_blob_ids w USING (blob_id){where}", params).fetchall()
+
+
+# the requests this stage has still to do (db.untokenized counts them)
+
+
+class Unrenderable(Exception):
+    """A request whose body holds a part that could not be rendered (the reason)."""
+
+
+def rows_with(blob_ids: np.ndarray, offsets: np.ndarray, failed: dict[int, str]) -> dict[int, str]:
+    """Rows (of a list column: ``blob_ids`` split at ``offsets``) holding a failed blob → its reason."""
+    if not failed or not len(blob_ids):
+        return {}
+    bad = np.isin(blob_ids, np.fromiter(failed, dtype=np.uint64, count=len(failed)))
+    if not bad.any():
+        return {}
+    row = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    out: dict[int, str] = {}
+    for r, b in zip(row[bad].tolist(), blob_ids[bad].tolist()):
+        out.setdefault(r, failed[b])
+    return out
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + n)`` for each start ``s`` and length ``n``."""
+    total = int(lengths.sum()) if len(lengths) else 0
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return np.arange(total, dtype=np.int64) + shift
+
+
+def take_rows(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``rows`` of a list column stored as (values, ``offsets``): the positions
+    of their values, in order, and the offsets of the taken rows."""
+    starts = offsets[:-1][rows].astype(np.int64)
+    lengths = (offsets[1:] - offsets[:-1])[rows].astype(np.int64)
+    new_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=new_offsets[1:])
+    return _ranges(starts, lengths), new_offsets
+
+
+def blob_prompts(assembled, blob_cache: "BlobCache", keep: list[int], outputs: list,
+                  rids: np.ndarray, known: dict[int, int]) -> pa.Table:
+    """The ``prompts`` rows of the blob-bodied requests ``keep`` (positions in the
+    assembled chunk), with their output segment ids."""
+    seg_ids, parts, off, row, idx = assembled
+    n_req = len(off) - 1
+    n_tokens = blob_cache.n_tokens(row, idx, n_req, known)
+    keep_a = np.asarray(keep, dtype=np.int64)
+    if len(keep_a) < n_req:  # some failed (their output did not render): take the others' slices
+        flat, off = take_rows(off, keep_a)
+        seg_ids, parts = seg_ids[flat], parts[flat]
+    off32 = pa.array(off.astype(np.int32))
+    out_n = [None if o is None else sum(known[s] for s in o) for o in outputs]
+    return pa.table({
+        "request_id": pa.array(rids[keep_a], pa.int64()),
+        "n_tokens": pa.array(n_tokens[keep_a], pa.int64()),
+        "seg_ids": pa.ListArray.from_arrays(off32, pa.array(seg_ids, pa.uint64())),
+        "seg_parts": pa.ListArray.from_arrays(off32, pa.array(parts, pa.int32())),
+        "output_seg_ids": list_array(outputs, pa.uint64()),
+        "output_n_tokens": pa.array(out_n, pa.int64()),
+    })
+
+
+def list_array(lists: list[list[int] | None], value_type) -> pa.Array:
+    """An Arrow list column of ``lists`` (None for a null row)."""
+    offsets = [0]
+    flat: list[int] = []
+    mask = []
+    for lst in lists:
+        if lst is None:
+            mask.append(True)
+        else:
+            mask.append(False)
+            flat.extend(lst)
+        offsets.append(len(flat))
+    np_type = np.uint64 if value_type == pa.uint64() else np.int32
+    values = pa.array(np.array(flat, dtype=np_type), value_type)
+    off = pa.array(np.array(offsets, dtype=np.int32))
+    if any(mask):
+        return pa.ListArray.from_arrays(off, values, mask=pa.array(mask))
+    return pa.ListArray.from_arrays(off, values)

