@@ -406,13 +406,13 @@ def slow_hash(request, monkeypatch):
     if request.param:
         import replay.readers.ingest as ingest_mod
 
-        real = ingest_mod._sha256
+        real = ingest_mod.file_sha256
 
         def slow(path):
             time.sleep(0.2)
             return real(path)
 
-        monkeypatch.setattr(ingest_mod, "_sha256", slow)
+        monkeypatch.setattr(ingest_mod, "file_sha256", slow)
     return request.param
 
 

@@ -86,7 +86,7 @@ class ReadError(Exception):
     """The file's bytes could not be read or decompressed."""
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):

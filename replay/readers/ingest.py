@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 
 from replay.readers.blobs import Blobs
-from replay.readers.files import describe_error, ReadError, _sha256, expand_paths
+from replay.readers.files import ReadError, describe_error, expand_paths, file_sha256
 from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_fields
 from replay.readers.loader import FileIngest, FileStats
 from replay.readers.writer import Writer
@@ -145,7 +145,7 @@ class _Run:
         # new path).
         self.known_paths = {r[0] for r in con.execute("SELECT path FROM sources").fetchall()}
         self.hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-sha256")
-        self.hashes = {path: self.hasher.submit(_sha256, path) for path in dict.fromkeys(files)}
+        self.hashes = {path: self.hasher.submit(file_sha256, path) for path in dict.fromkeys(files)}
 
     def file(self, path: str) -> None:
         """One file: skipped when its hash is known, else loaded in a transaction of its own."""

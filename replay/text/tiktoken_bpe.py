@@ -1,10 +1,10 @@
 """The DeepSeek-V3/V4 tokenizer as a tiktoken encoding: the ids of ``tokenizers``, faster.
 
-tiktoken encodes the same text 2-3x faster than ``tokenizers`` (the reference)
-here, given the same vocabulary. Two things must agree for the ids to be the
-same:
+tiktoken encodes the same text faster than ``tokenizers`` (the reference),
+given the same vocabulary, and builds in a fraction of fastokens' time
+(``docs/tokenization.md``). Two things must agree for the ids to be the same:
 
-* **The pieces.** The reference pre-tokenizer (``encoder._SAFE_PRE_TOKENIZER``;
+* **The pieces.** The reference pre-tokenizer (``tokenizer_json.KNOWN_PRE_TOKENIZER``;
   :func:`build` is only called for it) is a sequence: number runs
   ``\\p{N}{1,3}`` are isolated over the whole text, then CJK runs in what is left,
   then the main regex is applied to *every* piece so far, keeping the text
@@ -158,15 +158,15 @@ def _ranks_from_json(tokenizer_json: str | bytes) -> dict[bytes, int] | None:
     if not _merge_order_is_id_order(vocab, model.get("merges") or []):
         return None
     ranks = _byte_ranks(vocab)
-    del model, vocab  # the parsed JSON (~50 MB) goes before tiktoken copies the ranks
+    del model, vocab  # the parsed JSON (large) goes before tiktoken copies the ranks
     if any(bytes([b]) not in ranks for b in range(256)):
         return None
     return ranks
 
 
-# The ranks are a function of tokenizer.json alone and take ~0.35 s to derive
-# (parse, merge check, byte-level translation), most of the build: they are kept
-# in a file named by the JSON's sha256, read back in ~0.04 s. Bump the version
+# The ranks are a function of tokenizer.json alone and deriving them (parse,
+# merge check, byte-level translation) is most of the build: they are kept in a
+# file named by the JSON's sha256, read back far faster. Bump the version
 # whenever _ranks_from_json changes what it gives.
 RANKS_CACHE_VERSION = 1
 _RANKS_MAGIC = b"replay tiktoken ranks\n"
@@ -304,7 +304,7 @@ def build(added: Sequence[AddedToken], tokenizer_json: str | bytes):
 class Encoder:
     """tiktoken's ordinary encoding, with the added tokens split out of the text
     first, as the reference does. (Not tiktoken's own special-token handling: it
-    costs ~0.25 ms a call with a thousand of them.)"""
+    is slow with a thousand of them.)"""
 
     def __init__(self, enc, added: dict[str, int]):
         self.enc = enc
@@ -334,7 +334,7 @@ class Encoder:
                 ids = ordinary(t)
             flat += ids
             ends.append(len(flat))
-        values = np.array(flat, dtype=np.int32)  # one conversion, then views: ~10x cheaper than one a text
+        values = np.array(flat, dtype=np.int32)  # one conversion, then views: far cheaper than one a text
         return [values[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
