@@ -343,3 +343,38 @@ def test_what_is_still_to_tokenize_and_the_replay_refusing_it(tmp_path):
     assert db.untokenized(con) == 0 and not tokenize_needed(con)
     db.set_meta(con, "tokens_checked", "pending")
     assert tokenize_needed(con)
+
+
+@pytest.mark.parametrize("fmt", ["tokens", "anthropic"])
+def test_a_tenant_alternating_two_models_gets_no_hit_across_them(tmp_path, fmt):
+    """Identical prompts, one tenant, key and session, the model alternating: in
+    every stream mode each request hits only the previous one of its own model
+    (the first of each model misses), and the per-stream rows carry the model."""
+    prompt = [7] * 300
+    body = {"model": None, "system": "a long, stable system prompt " * 40,
+            "messages": [{"role": "user", "content": "the same question"}]}
+    with open(tmp_path / "log.jsonl", "w") as f:
+        for i in range(6):
+            model = ("model-a", "model-b")[i % 2]
+            rec = {"ts": 1_700_000_000 + i, "tenant": "acme", "session": "s", "prompt_cache_key": "k"}
+            if fmt == "tokens":
+                rec.update(tokens=prompt, model=model)
+            else:
+                rec["request"] = {**body, "model": model}
+            f.write(json.dumps(rec) + "\n")
+    args = ["sweep", str(tmp_path / "log.jsonl"), "--db", str(tmp_path / "r.duckdb"), "--ttl", "inf",
+            "--block", "1", "--min-prefix", "0", "--stream", "tenant,key,session,global", "--json"]
+    rows = json.loads(_ok(CliRunner().invoke(main, args)).stdout)
+    assert len(rows) == 4
+    for r in rows:
+        assert r["requests"] == 6 and r["requests_hit"] == 4, r  # two first requests, one per model
+        assert r["hit_tokens"] * 6 == r["prompt_tokens"] * 4, r  # each hit is its whole prompt
+    per = json.loads(_ok(CliRunner().invoke(main, args + ["--by-stream"])).stdout)
+    assert sorted({(r["stream"], r["model"]) for r in per}) == [
+        (m, model) for m in ("global", "key", "session", "tenant") for model in ("model-a", "model-b")]
+    assert all(r["requests"] == 3 and r["requests_hit"] == 2 for r in per)
+
+
+def _ok(res):
+    assert res.exit_code == 0, res.output
+    return res

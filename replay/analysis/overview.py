@@ -12,7 +12,7 @@ from replay.store import db
 def idle_gaps(con, mode: str = "tenant", tokenizer=None) -> pl.DataFrame:
     """Gap (seconds) between each request and the previous request of its cache
     (stream and model) under ``mode``; the first ones are null."""
-    prepare(con, modes=(mode,), tokenizer=tokenizer)
+    prepare(con, modes=(mode,), horizon_us=0, tokenizer=tokenizer)  # (any horizon: no steps are read)
     return pl.from_arrow(db.arrow(con, f"""
         SELECT request_id, stream, model, ts_us / {US_PER_S} AS ts,
                (ts_us - lag(ts_us) OVER (PARTITION BY stream, model ORDER BY ts_us, request_id)) / {US_PER_S}
