@@ -69,28 +69,42 @@ cdef class Node:
     cdef bint wide               # int64 symbols (else int32)
     cdef Py_ssize_t start
     cdef Py_ssize_t length
+    cdef Py_ssize_t base_len     # len(base)
     cdef public dict children
     cdef public int64_t last_used
+    cdef public int64_t owner         # the last request that walked through it (walks with an owner)
 
     def __cinit__(self):
         self.children = {}
 
-    cdef inline void _set(self, object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length):
+    cdef int _set(self, object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length) except -1:
         self.base = base
         self.data = data
         self.wide = wide
         self.start = start
         self.length = length
+        self.base_len = len(base)
+        if 2 * length < self.base_len:
+            # a short edge of a long array would keep all of it alive (a leaf
+            # branching off late in a long prompt holds the whole prompt): copy
+            # it, so every array held is at least half used and the trie holds
+            # at most twice its own symbols
+            self.base = base[start:start + length].copy()
+            self.data = _data(self.base)
+            self.start = 0
+            self.base_len = length
+        return 0
 
     cdef inline const char* ptr(self, Py_ssize_t offset):
         return self.data + (self.start + offset) * (8 if self.wide else 4)
 
 
 cdef inline Node _node(object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length,
-                       int64_t last_used):
+                       int64_t last_used, int64_t owner=-1):
     cdef Node x = Node.__new__(Node)
     x._set(base, data, wide, start, length)
     x.last_used = last_used
+    x.owner = owner
     return x
 
 
@@ -161,26 +175,28 @@ cdef class Trie:
         self._ends[k] = end
         return 0
 
-    def walk(self, seq, int64_t t, insert=None, cum=None, Py_ssize_t known=0):
+    def walk(self, seq, int64_t t, insert=None, cum=None, Py_ssize_t known=0, owner=None):
         """See :meth:`replay.core.trie.PythonTrie.walk`."""
+        cdef bint owned = owner is not None
+        cdef int64_t own = owner if owned else -1
         if self.horizon < INF_US and (not self._pruned or t - self._last_prune > self.horizon // 2):
             self.prune(t)
         seq = _as_symbols(seq)
-        steps = self._descend(seq, t, True, known)
+        steps = self._descend(seq, t, True, known, owned, own)
         if insert is not None and len(insert) > len(seq):
-            self._descend(_as_symbols(insert), t, False, len(seq))
+            self._descend(_as_symbols(insert), t, False, len(seq), owned, own)
         if cum is not None:
-            steps = [(g, int(cum[d])) for g, d in steps]
+            steps = [(st[0], int(cum[st[1]]), *st[2:]) for st in steps]
         return steps
 
-    cdef list _descend(self, object seq, int64_t t, bint record, Py_ssize_t known):
+    cdef list _descend(self, object seq, int64_t t, bint record, Py_ssize_t known, bint owned, int64_t own):
         cdef list steps = []
         cdef Node node = self.root, child, mid, leaf
         cdef Py_ssize_t pos = 0, n = len(seq), matched, le, k, skip
         cdef bint wide = seq.dtype.itemsize == 8
         cdef const char* s = _data(seq)
         cdef Py_ssize_t size = 8 if wide else 4
-        cdef int64_t gap, last_gap = 0
+        cdef int64_t gap, last_gap = 0, last_owner = -1
         cdef bint have_step = False
         cdef object first
         cdef dict children
@@ -206,14 +222,20 @@ cdef class Trie:
                 if gap > self.horizon:
                     # idle past the horizon: as good as pruned (exact for τ <= horizon)
                     break
-                if have_step and last_gap == gap:
+                if owned:
+                    if have_step and last_gap == gap and last_owner == child.owner:
+                        steps[len(steps) - 1] = (gap, pos + matched, child.owner)
+                    else:
+                        steps.append((gap, pos + matched, child.owner))
+                        last_gap, last_owner, have_step = gap, child.owner, True
+                elif have_step and last_gap == gap:
                     steps[len(steps) - 1] = (gap, pos + matched)
                 else:
                     steps.append((gap, pos + matched))
                     last_gap, have_step = gap, True
             if matched < le:
                 # the match ends inside the edge: split it
-                mid = _node(child.base, child.data, child.wide, child.start, matched, child.last_used)
+                mid = _node(child.base, child.data, child.wide, child.start, matched, child.last_used, child.owner)
                 child._set(child.base, child.data, child.wide, child.start + matched, le - matched)
                 mid.children[_at(child.ptr(0), child.wide, 0)] = child
                 children[first] = mid
@@ -234,11 +256,12 @@ cdef class Trie:
             node.children[first] = leaf
             self.nodes += 1
             self._push(leaf, pos, n)
-        self._refresh_and_merge(seq, s, wide, t)
+        self._refresh_and_merge(seq, s, wide, t, own)
         return steps
 
-    cdef int _refresh_and_merge(self, object seq, const char* data, bint wide, int64_t t) except -1:
-        """Set last-used = t along the path, merging single-child chains."""
+    cdef int _refresh_and_merge(self, object seq, const char* data, bint wide, int64_t t,
+                                int64_t own) except -1:
+        """Set last-used = t (and the owner) along the path, merging single-child chains."""
         cdef list path = self._path
         cdef Py_ssize_t i = 0, j, m = len(path), start, end
         cdef Node head, nxt
@@ -247,6 +270,7 @@ cdef class Trie:
             start = self._starts[i]
             end = self._ends[i]
             head.last_used = t
+            head.owner = own
             j = i
             # absorb following path nodes while head has exactly that one child
             while j + 1 < m and len(head.children) == 1:

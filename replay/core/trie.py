@@ -44,13 +44,26 @@ from replay.core.times import INF_US
 __all__ = ["Trie", "PythonTrie", "COMPILED", "common_prefix_len"]
 
 
-class _Node:
-    __slots__ = ("edge", "children", "last_used")
+def _own(edge: np.ndarray) -> np.ndarray:
+    """``edge``, copied when it is under half the array it views: a short edge of
+    a long array would keep all of it alive (a leaf branching off late in a long
+    prompt holds the whole prompt), so every array a trie holds is at least half
+    used and the trie holds at most twice its own symbols."""
+    base = edge.base
+    if base is None:
+        return edge
+    size = base.nbytes if isinstance(base, np.ndarray) else memoryview(base).nbytes
+    return edge.copy() if 2 * edge.nbytes < size else edge
 
-    def __init__(self, edge: np.ndarray, last_used: int):
-        self.edge = edge
+
+class _Node:
+    __slots__ = ("edge", "children", "last_used", "owner")
+
+    def __init__(self, edge: np.ndarray, last_used: int, owner: int = -1):
+        self.edge = _own(edge)
         self.children: dict[int, _Node] = {}
         self.last_used = last_used
+        self.owner = owner  # the last request that walked through it (walks with an owner)
 
 
 def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
@@ -81,7 +94,7 @@ class PythonTrie:
 
     # ---- the walk -------------------------------------------------------
     def walk(self, seq: np.ndarray, t: int, insert: np.ndarray | None = None,
-             cum: np.ndarray | None = None, known: int = 0) -> list[tuple[int, int]]:
+             cum: np.ndarray | None = None, known: int = 0, owner: int | None = None) -> list[tuple]:
         """Walk ``seq`` at time ``t``; return its steps and insert it.
 
         ``insert`` (a sequence starting with ``seq``, e.g. prompt + output) is
@@ -90,18 +103,24 @@ class PythonTrie:
         the caller's guarantee that ``seq[:known]`` is a path of this trie
         already (an earlier sequence it walked, not pruned since), so edges
         within it match whole without being compared.
+
+        ``owner`` (an int: the request's place in the caller's order): every node
+        on the path records it, and each step is (gap, depth, owner of that part
+        of the path), parts with another owner kept apart even at the same gap —
+        what the capacity pass needs (``replay.core.capacity``).
         """
         if self.horizon < INF_US and (self._last_prune is None or t - self._last_prune > self.horizon // 2):
             self.prune(t)
-        steps = self._descend(seq, t, record=True, known=known)
+        steps = self._descend(seq, t, record=True, known=known, owner=owner)
         if insert is not None and len(insert) > len(seq):
-            self._descend(insert, t, record=False, known=len(seq))  # seq is a path now
+            self._descend(insert, t, record=False, known=len(seq), owner=owner)  # seq is a path now
         if cum is not None:
-            steps = [(g, int(cum[d])) for g, d in steps]
+            steps = [(s[0], int(cum[s[1]]), *s[2:]) for s in steps]
         return steps
 
-    def _descend(self, seq: np.ndarray, t: int, record: bool, known: int = 0) -> list[tuple[int, int]]:
-        steps: list[tuple[int, int]] = []
+    def _descend(self, seq: np.ndarray, t: int, record: bool, known: int = 0,
+                 owner: int | None = None) -> list[tuple]:
+        steps: list[tuple] = []
         path: list[tuple[_Node, int, int]] = []  # (node, start depth, end depth) below root
         node, pos, n = self.root, 0, len(seq)
         while pos < n:
@@ -120,14 +139,19 @@ class PythonTrie:
                 if gap > self.horizon:
                     # idle past the horizon: as good as pruned (exact for τ <= horizon)
                     break
-                if steps and steps[-1][0] == gap:
+                if owner is not None:
+                    if steps and steps[-1][0] == gap and steps[-1][2] == child.owner:
+                        steps[-1] = (gap, pos + matched, child.owner)
+                    else:
+                        steps.append((gap, pos + matched, child.owner))
+                elif steps and steps[-1][0] == gap:
                     steps[-1] = (gap, pos + matched)
                 else:
                     steps.append((gap, pos + matched))
             if matched < len(edge):
                 # the match ends inside the edge: split it
-                mid = _Node(edge[:matched], child.last_used)
-                child.edge = edge[matched:]
+                mid = _Node(edge[:matched], child.last_used, child.owner)
+                child.edge = _own(edge[matched:])
                 mid.children[int(child.edge[0])] = child
                 node.children[int(seq[pos])] = mid
                 self.nodes += 1
@@ -145,15 +169,16 @@ class PythonTrie:
             node.children[int(seq[pos])] = leaf
             self.nodes += 1
             path.append((leaf, pos, n))
-        self._refresh_and_merge(path, seq, t)
+        self._refresh_and_merge(path, seq, t, -1 if owner is None else owner)
         return steps
 
-    def _refresh_and_merge(self, path, seq: np.ndarray, t: int) -> None:
-        """Set last-used = t along the path, merging single-child chains."""
+    def _refresh_and_merge(self, path, seq: np.ndarray, t: int, owner: int) -> None:
+        """Set last-used = t (and the owner) along the path, merging single-child chains."""
         i = 0
         while i < len(path):
             head, start, end = path[i]
             head.last_used = t
+            head.owner = owner
             j = i
             # absorb following path nodes while head has exactly that one child
             while j + 1 < len(path) and len(head.children) == 1:
@@ -163,7 +188,7 @@ class PythonTrie:
                 self.nodes -= 1
                 j += 1
             if j > i:
-                head.edge = seq[start:end]
+                head.edge = _own(seq[start:end])
             i = j + 1
 
     # ---- memory ---------------------------------------------------------
