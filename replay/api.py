@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from replay.analysis.capacity import CapacityGrid, capacity  # noqa: F401
 from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
 from replay.analysis.overview import idle_gaps, overview  # noqa: F401
 from replay.analysis.report import write_report  # noqa: F401
@@ -24,6 +25,7 @@ from replay.core.times import format_ttl, parse_ttl  # noqa: F401
 from replay.prepare import as_tokenizer, prepare
 from replay.providers import profiles as _profiles
 from replay.providers.catalog import get_profile, list_profiles  # noqa: F401
+from replay.providers.kv import MODELS as KV_MODELS, kv_bytes_per_token  # noqa: F401
 from replay.providers.economics import get_price, logged_price_model, savings_section  # noqa: F401
 from replay.readers.formats import FORMATS, TIME_UNITS  # noqa: F401
 from replay.readers.ingest import IngestSummary, summary_text  # noqa: F401
@@ -37,7 +39,8 @@ from replay.validate.check import store_result, summary_lines, validate, validat
 
 __all__ = ["open_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep", "profile_sweep",
            "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif", "write_report",
-           "list_profiles", "get_profile", "requests_count", "Grid", "format_ttl", "parse_ttl"]
+           "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
+           "Grid", "format_ttl", "parse_ttl"]
 
 open_db = db.connect
 

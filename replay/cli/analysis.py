@@ -1,4 +1,4 @@
-"""The analyses' commands: diagnose, whatif, diff, validate."""
+"""The analyses' commands: diagnose, whatif, diff, validate, capacity."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs, one_config
+from replay.cli.options import csv_values, db_option, ingest_options, load_logs, one_config
 
 
 @click.command("diagnose")
@@ -129,3 +129,73 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
             click.echo(line)
     if res.get("error"):
         raise SystemExit(1)
+
+
+@click.command("capacity")
+@click.argument("logs", nargs=-1)
+@db_option
+@ingest_options
+@click.option("--block", "blocks", default="16", show_default=True, callback=csv_values(int),
+              help="Block sizes in tokens (the engine's KV block; 1 = token level).")
+@click.option("--capacity", "capacities", default="auto", show_default=True,
+              callback=csv_values(str),
+              help="Pool per replica: block counts (4096), sizes with a unit (512MiB, 40GiB, 1TiB; KB, MB, GB "
+                   "decimal) — sizes need the KV bytes per token — or 'auto' (a log-spaced grid from one block "
+                   "to the working set).")
+@click.option("--ttl", "ttls", default="inf", show_default=True, callback=csv_values(api.parse_ttl),
+              help="TTLs: seconds, or with s/m/h/d; 'inf' = no expiry.")
+@click.option("--stream", "streams", default="global", show_default=True, callback=csv_values(str),
+              help="Stream modes: tenant, key, session, global (a cache per stream and model; a replica's "
+                   "pool holds every cache routed to it).")
+@click.option("--replicas", default="1", show_default=True, callback=csv_values(int), help="Replica counts.")
+@click.option("--routing", "routings", default="round-robin", show_default=True, callback=csv_values(str),
+              help="round-robin (request i to replica i mod R), random (seeded), sticky (by the stream key), "
+                   "prefix (to the replica holding the longest resident prefix, ties to the one that has "
+                   "served fewest; simulated per capacity).")
+@click.option("--policy", "policies", default="lru", show_default=True, callback=csv_values(str),
+              help="Eviction: lru, belady (evict the block used again farthest in the future: a bound on "
+                   "smarter eviction; simulated per capacity, not with prefix routing).")
+@click.option("--seed", default=0, show_default=True, help="Seed of random routing.")
+@click.option("--model", default=None, help=f"A model whose KV bytes per token are known: {', '.join(api.KV_MODELS)}.")
+@click.option("--model-config", type=click.Path(exists=True), default=None,
+              help="A Hugging Face config.json (or its directory) to read the KV shape from.")
+@click.option("--kv-bytes-per-token", type=int, default=None, help="KV bytes per token, for any other model.")
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8", "fp32"]), default=None,
+              help="KV element type (default: the config's, else bf16).")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel degree: adds capacity_bytes_per_gpu (a replica's bytes / TP).")
+@click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array, one object per configuration.")
+def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacities, ttls, streams, replicas,
+             routings, policies, seed, model, model_config, kv_bytes_per_token, kv_dtype, tp, as_json):
+    """How much memory and how many replicas: the hit ratio of a finite cache.
+
+    \b
+    Units: a capacity is per replica, in blocks of --block tokens, or in bytes
+    of KV cache (C blocks hold C x block x KV-bytes-per-token; KiB/MiB/GiB/TiB
+    are powers of 2, KB/MB/GB/TB powers of 10). One pass over the log gives
+    every capacity and TTL of the grid (LRU, routing decided in advance);
+    prefix routing and belady are simulated per capacity. warm_hit_ratio is
+    over the last half of the requests, max_replica_share the busiest
+    replica's share of them.
+    """
+    con = api.open_db(db_path)
+    load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
+    try:
+        bpt = api.kv_bytes_per_token(model, model_config, kv_bytes_per_token, kv_dtype)
+        grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
+                                replicas=replicas, routings=routings, policies=policies, seed=seed)
+        df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    if tp > 1:
+        df = df.with_columns((df["capacity_bytes"] // tp).alias("capacity_bytes_per_gpu"))
+    if as_json:
+        click.echo(json.dumps(df.to_dicts()))
+        return
+    click.echo(f"{'stream':<8} {'ttl':>6} {'block':>6} {'capacity':>12} {'GiB':>9} {'R':>3} {'routing':<12} "
+               f"{'policy':<7} {'hit %':>6} {'warm %':>7} {'busiest':>8}")
+    for r in df.to_dicts():
+        gib = "-" if r["capacity_bytes"] is None else f"{r['capacity_bytes'] / 2**30:.2f}"
+        click.echo(f"{r['stream']:<8} {api.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['capacity_blocks']:>12,} "
+                   f"{gib:>9} {r['replicas']:>3} {r['routing']:<12} {r['policy']:<7} {100 * r['hit_ratio']:>6.1f} "
+                   f"{100 * r['warm_hit_ratio']:>7.1f} {100 * r['max_replica_share']:>7.1f}%")

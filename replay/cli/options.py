@@ -9,7 +9,8 @@ from replay import api
 SAMPLE = "data/sample"
 
 
-def _csv(parse):
+def csv_values(parse):
+    """A click callback reading comma-separated values with ``parse``."""
     def convert(ctx, param, value):
         if value is None:
             return None
@@ -56,15 +57,15 @@ def ingest_options(f):
 
 def grid_options(f):
     f = click.option("--ttl", "ttls", default=",".join(api.format_ttl(t) for t in api.DEFAULT_TTLS),
-                     show_default=True, callback=_csv(api.parse_ttl),
+                     show_default=True, callback=csv_values(api.parse_ttl),
                      help="TTLs: seconds, or with s/m/h/d; 'inf' = no expiry.")(f)
     f = click.option("--block", "blocks", default=",".join(map(str, api.DEFAULT_BLOCKS)), show_default=True,
-                     callback=_csv(int), help="Block sizes in tokens (1 = token-level radix cache).")(f)
+                     callback=csv_values(int), help="Block sizes in tokens (1 = token-level radix cache).")(f)
     f = click.option("--min-prefix", "mins", default=",".join(map(str, api.DEFAULT_MIN_PREFIXES)),
-                     show_default=True, callback=_csv(int),
+                     show_default=True, callback=csv_values(int),
                      help="Minimum cacheable prefix in tokens; smaller hits count as 0.")(f)
     f = click.option("--stream", "streams", default=",".join(api.DEFAULT_STREAMS), show_default=True,
-                     callback=_csv(str), help="Stream modes: tenant, key, session, global.")(f)
+                     callback=csv_values(str), help="Stream modes: tenant, key, session, global.")(f)
     return f
 
 

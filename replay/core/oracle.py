@@ -106,3 +106,99 @@ def sweep(requests: Sequence[OracleRequest], modes=("tenant", "key", "global"),
                         "requests_hit": sum(1 for h in hits if h > 0),
                     })
     return rows
+
+
+def capacity_hits(requests: Sequence[OracleRequest], mode: str, block: int, capacity: int,
+                  ttl: int = INF_US, replica_of: Sequence[int] | None = None) -> list[int]:
+    """The capacity contract simulated as written (semantics.md, "Capacity"):
+    each replica's pool an LRU of at most ``capacity`` whole blocks, a block's
+    identity its cache (stream and model) and its whole token prefix. For each
+    request in processing order: the hit is the run of its leading blocks that
+    are resident and last used within ``ttl`` (µs); then its blocks are touched
+    deepest first; then least recently used blocks are evicted down to the
+    capacity. ``replica_of[i]``: the replica of request i (input order; default
+    one replica). Returns each request's hit in tokens, input order."""
+    from collections import OrderedDict
+
+    order = time_order(requests)
+    pools: dict[int, OrderedDict] = {}
+    last_used: dict[int, dict] = {}
+    out = [0] * len(requests)
+    for i in order:
+        r = requests[i]
+        rep = 0 if replica_of is None else replica_of[i]
+        pool = pools.setdefault(rep, OrderedDict())
+        used = last_used.setdefault(rep, {})
+        ids = [(cache_of(r, mode), tuple(r.tokens[:(k + 1) * block])) for k in range(len(r.tokens) // block)]
+        hit = 0
+        for b in ids:
+            if b in pool and r.ts - used[b] <= ttl:
+                hit += 1
+            else:
+                break
+        out[i] = hit * block
+        for b in reversed(ids):  # deepest first: a parent is never less recent than its child
+            pool[b] = True
+            pool.move_to_end(b)
+            used[b] = r.ts
+        while len(pool) > capacity:
+            pool.popitem(last=False)
+    return out
+
+
+def capacity_hits_by_rule(requests: Sequence[OracleRequest], mode: str, block: int, capacity: int,
+                          ttl: int = INF_US, replicas: int = 1, replica_of: Sequence[int] | None = None,
+                          routing: str = "fixed", policy: str = "lru") -> tuple[list[int], list[int]]:
+    """The capacity contract with the two rules that are simulated per capacity,
+    read literally. ``routing="prefix"``: each request goes to the replica where
+    its hit (leading resident blocks last used within ``ttl``) would be longest,
+    ties to the replica that has served the fewest requests so far, then the
+    lowest index; otherwise ``replica_of`` (input order) says. ``policy="belady"``
+    (with ``replica_of`` only: the future must be known): after a request's
+    touches, while more than ``capacity`` blocks are resident, evict the one
+    whose next touch (by a later request on the same replica) is farthest away
+    — never again counts as farthest — ties to the deepest block, then the least
+    recently used; ``"lru"``: the least recently used.
+    Returns (each request's hit in tokens, its replica), input order."""
+    order = time_order(requests)
+    ids = {i: [(cache_of(requests[i], mode), tuple(requests[i].tokens[:(k + 1) * block]))
+               for k in range(len(requests[i].tokens) // block)] for i in order}
+    pools: list[dict] = [dict() for _ in range(replicas)]  # block -> (last touch (position, -depth), time, depth)
+    served = [0] * replicas
+    where = [0] * len(requests)
+    out = [0] * len(requests)
+
+    def hit(pool, i) -> int:
+        k = 0
+        for b in ids[i]:
+            if b not in pool or requests[i].ts - pool[b][1] > ttl:
+                break
+            k += 1
+        return k
+
+    def next_touch(b, pos, rep):
+        for p in range(pos + 1, len(order)):
+            j = order[p]
+            if replica_of[j] == rep and b in ids[j]:
+                return p
+        return math.inf
+
+    for pos, i in enumerate(order):
+        if routing == "prefix":
+            rep = max(range(replicas), key=lambda q: (hit(pools[q], i), -served[q], -q))
+        else:
+            rep = 0 if replica_of is None else replica_of[i]
+        where[i] = rep
+        served[rep] += 1
+        pool = pools[rep]
+        out[i] = hit(pool, i) * block
+        for d, b in reversed(list(enumerate(ids[i]))):  # deepest first
+            pool[b] = ((pos, -d), requests[i].ts, d)
+        while len(pool) > capacity:
+            if policy == "belady":
+                victim = max(pool, key=lambda b: (next_touch(b, pos, rep), pool[b][2],
+                                                  -pool[b][0][0], -pool[b][0][1]))
+            else:
+                victim = min(pool, key=lambda b: pool[b][0])
+            del pool[victim]
+    return out, where

@@ -1,0 +1,199 @@
+"""How much memory, how many replicas: the hit ratio of a finite cache, per configuration.
+
+One pass over the prompts (``replay.core.capacity``) per (stream mode,
+replicas, routing) gives every TTL and every capacity at once for LRU with
+routing decided in advance. The two rules that depend on the cache's state
+or its future — ``prefix`` routing and ``belady`` eviction — are simulated
+per capacity (``replay.core.simulate``) on block logs gathered in the same
+read of the prompts. Capacities written as sizes become block counts through
+``replay.providers.kv``; ``auto`` is one log-spaced grid per (stream mode,
+block size), shared by every row of it so routings compare at equal memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from replay.core.capacity import ROUTINGS, CapacityPass, Router, Segments, counts
+from replay.core.prompts import REPLAYABLE, iter_prompts
+from replay.core.simulate import BlockLogBuilder, simulate
+from replay.core.streams import check_modes, stream_key
+from replay.core.times import INF_US, ttl_us
+from replay.prepare import prepare
+from replay.providers.kv import auto_capacities, blocks_for, parse_size
+
+COLUMNS = ["stream", "ttl_s", "block", "capacity_blocks", "capacity_bytes", "replicas", "routing", "policy",
+           "requests", "prompt_tokens", "hit_tokens", "hit_ratio", "warm_hit_ratio", "max_replica_share"]
+SCHEMA = {"stream": pl.String, "ttl_s": pl.Float64, "block": pl.Int64, "capacity_blocks": pl.Int64,
+          "capacity_bytes": pl.Int64, "replicas": pl.Int64, "routing": pl.String, "policy": pl.String,
+          "requests": pl.Int64, "prompt_tokens": pl.Int64, "hit_tokens": pl.Int64, "hit_ratio": pl.Float64,
+          "warm_hit_ratio": pl.Float64, "max_replica_share": pl.Float64}
+ALL_ROUTINGS = ROUTINGS + ("prefix",)
+POLICIES = ("lru", "belady")
+
+
+@dataclass
+class CapacityGrid:
+    """Block sizes (tokens), capacities as written (a block count, a size such as
+    ``40GiB``, or ``auto``), TTLs (seconds, ``math.inf`` for none), stream
+    modes, replica counts, routings (``round-robin``, ``random``, ``sticky``,
+    ``prefix``) and eviction policies (``lru``, ``belady``; belady only with
+    routing decided in advance); ``seed`` for random routing."""
+    blocks: tuple[int, ...] = (16,)
+    capacities: tuple[str, ...] = ("auto",)
+    ttls: tuple[float, ...] = (math.inf,)
+    streams: tuple[str, ...] = ("global",)
+    replicas: tuple[int, ...] = (1,)
+    routings: tuple[str, ...] = ("round-robin",)
+    policies: tuple[str, ...] = ("lru",)
+    seed: int = 0
+
+    def __post_init__(self):
+        self.streams = check_modes(self.streams)
+        if any(b < 1 for b in self.blocks):
+            raise ValueError("block sizes must be ≥ 1")
+        if any(r < 1 for r in self.replicas):
+            raise ValueError("replicas must be ≥ 1")
+        bad = [r for r in self.routings if r not in ALL_ROUTINGS]
+        if bad:
+            raise ValueError(f"unknown routing(s) {bad}; choose from {', '.join(ALL_ROUTINGS)}")
+        bad = [p for p in self.policies if p not in POLICIES]
+        if bad:
+            raise ValueError(f"unknown policy(ies) {bad}; choose from {', '.join(POLICIES)}")
+        for c in self.capacities:
+            parse_size(c)
+
+    @property
+    def horizon_us(self) -> int:
+        return max((ttl_us(t) for t in self.ttls), default=INF_US)
+
+    def routings_for(self, replicas: int) -> tuple[str, ...]:
+        """The routings that differ at this replica count (one replica: all the same,
+        simulated as round-robin)."""
+        return self.routings if replicas > 1 else ("round-robin",)
+
+    def simulated(self, replicas: int, routing: str, policy: str) -> bool:
+        return policy == "belady" or (routing == "prefix" and replicas > 1)
+
+
+def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None = None, tokenizer=None,
+             progress: bool = False) -> pl.DataFrame:
+    """The rows of :data:`COLUMNS` for every configuration of ``grid``: per replica
+    a pool of ``capacity_blocks`` blocks (``capacity_bytes`` with
+    ``bytes_per_token``); ``warm_hit_ratio`` over the last half of the requests
+    (processing order); ``max_replica_share`` the busiest replica's share of
+    the requests. Belady with prefix routing has no row (its future would
+    depend on the routing being simulated)."""
+    grid = grid or CapacityGrid()
+    prepare(con, modes=(), tokenizer=tokenizer, progress=progress)
+    configs = [(m, r, ro) for m in grid.streams for r in grid.replicas for ro in grid.routings_for(r)]
+    passes = {(m, r, ro): CapacityPass(m, grid.blocks, r, grid.horizon_us)
+              for m, r, ro in configs if ro != "prefix"}
+    needs_logs = any(grid.simulated(r, ro, p) for _, r, ro in configs for p in grid.policies)
+    logs = {(m, b): BlockLogBuilder(m, b) for m in grid.streams for b in grid.blocks} if needs_logs else {}
+    n = _read(con, passes, logs, grid.seed)
+    segments = {k: cp.result() for k, cp in passes.items()}
+    caps = _capacities(grid, segments, logs, bytes_per_token)
+    rows = []
+    for m, r, ro in configs:
+        for policy in grid.policies:
+            if policy == "belady" and ro == "prefix" and r > 1:
+                continue
+            for b in grid.blocks:
+                key = (m, b)
+                if grid.simulated(r, ro, policy):
+                    figures = _simulated(logs[key].log, grid, caps[key], r, ro, policy, n)
+                else:
+                    figures = _one_pass(segments[(m, r, ro)][b], grid, caps[key], n)
+                labels = grid.routings if r == 1 else (ro,)  # (one replica: every routing is the same)
+                for routing in labels:
+                    rows += _rows(figures, grid, m, r, routing, policy, b, caps[key], bytes_per_token, n)
+    return pl.DataFrame(rows, schema=SCHEMA, orient="row").sort(
+        ["stream", "replicas", "routing", "policy", "block", "ttl_s", "capacity_blocks"], nulls_last=True,
+        maintain_order=True)
+
+
+def _read(con, passes: dict, logs: dict, seed: int) -> int:
+    """Feed every pass and block log the prompts, read once; returns how many there were."""
+    n = con.execute(f"SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id) "
+                    f"WHERE {REPLAYABLE}").fetchone()[0]
+    routers = {k: Router(k[1], k[2], seed, n) for k in passes}
+    i = -1
+    for i, p in enumerate(iter_prompts(con)):
+        for k, cp in passes.items():
+            cp.add(p, routers[k](i, stream_key(k[0], p.tenant, p.key, p.session)))
+        for builder in logs.values():
+            builder.add(p)
+    return i + 1
+
+
+def _capacities(grid: CapacityGrid, segments: dict, logs: dict, bytes_per_token: int | None) -> dict:
+    """Per (stream mode, block): the capacities of the grid in blocks, ``auto``
+    spanning up to the largest working set any replica has in any configuration."""
+    out = {}
+    for m in grid.streams:
+        for b in grid.blocks:
+            ws = max([int(s[b].working_set.max()) for k, s in segments.items() if k[0] == m and len(s[b].working_set)]
+                     + [logs[(m, b)].log.distinct if (m, b) in logs else 0] + [1])
+            caps = set()
+            for spec in grid.capacities:
+                kind, value = parse_size(spec)
+                caps |= set(auto_capacities(ws)) if kind == "auto" else {max(0, blocks_for(kind, value, b,
+                                                                                           bytes_per_token))}
+            out[(m, b)] = sorted(caps)
+    return out
+
+
+@dataclass
+class _Figures:
+    """Hit tokens [TTL, capacity], the same over the warm half, the busiest
+    replica's share [TTL, capacity], and the prompt tokens (all, warm half)."""
+    hit: np.ndarray
+    warm_hit: np.ndarray
+    share: np.ndarray
+    prompt: int
+    warm_prompt: int
+
+
+def _one_pass(seg: Segments, grid: CapacityGrid, caps: list[int], n: int) -> _Figures:
+    warm = np.arange(len(seg)) >= len(seg) // 2
+    hit, _, whit = counts(seg, [ttl_us(t) for t in grid.ttls], caps, warm)
+    share = float(np.bincount(seg.replica).max() / n) if n else 0.0
+    return _Figures(hit, whit, np.full(hit.shape, share), int(seg.prompt_tokens.sum()),
+                    int(seg.prompt_tokens[warm].sum()))
+
+
+def _simulated(log, grid: CapacityGrid, caps: list[int], replicas: int, routing: str, policy: str,
+               n: int) -> _Figures:
+    ttls = [ttl_us(t) for t in grid.ttls]
+    shape = (len(ttls), len(caps))
+    hit, whit, share = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64), np.zeros(shape)
+    warm = np.arange(len(log)) >= len(log) // 2
+    replica_of = None
+    if routing != "prefix":
+        router = Router(replicas, routing, grid.seed, len(log))
+        replica_of = np.array([router(i, k) for i, k in enumerate(log.keys)], dtype=np.int64)
+    for ci, c in enumerate(caps):
+        h, where = simulate(log, c, ttls, replicas, replica_of, "prefix" if replica_of is None else "fixed", policy)
+        hit[:, ci], whit[:, ci] = h.sum(axis=1), h[:, warm].sum(axis=1)
+        for ti in range(len(ttls)):
+            share[ti, ci] = np.bincount(where[ti], minlength=replicas).max() / n if n else 0.0
+    tokens = np.asarray(log.prompt_tokens, dtype=np.int64)
+    return _Figures(hit, whit, share, int(tokens.sum()), int(tokens[warm].sum()))
+
+
+def _rows(f: _Figures, grid: CapacityGrid, mode: str, replicas: int, routing: str, policy: str, block: int,
+          caps: list[int], bytes_per_token: int | None, n: int) -> list[tuple]:
+    out = []
+    for ti, t in enumerate(grid.ttls):
+        for ci, c in enumerate(caps):
+            h = int(f.hit[ti, ci])
+            out.append((mode, None if t == math.inf else float(t), block, c,
+                        None if bytes_per_token is None else c * block * bytes_per_token, replicas, routing, policy,
+                        n, f.prompt, h, h / f.prompt if f.prompt else 0.0,
+                        int(f.warm_hit[ti, ci]) / f.warm_prompt if f.warm_prompt else 0.0, float(f.share[ti, ci])))
+    return out

@@ -1,0 +1,300 @@
+"""A finite cache: every capacity at once, from one pass (semantics.md, "Capacity").
+
+The contract: blocks of B tokens (whole blocks only), a block's identity the
+chain of its cache (stream and model) and its whole token prefix; per replica
+a pool of C blocks; for each request in processing order, the lookup (the run
+of leading blocks that are resident and, with a TTL, last used within τ), then
+its blocks touched deepest first, then the least recently used evicted down to
+C. Residency is prefix-closed, so a block is resident in a pool of C exactly
+when its LRU stack distance d (distinct blocks touched since its last touch)
+is below C, and hit(τ, C) = min(blocks under τ, blocks under C).
+
+How the distances come out of one pass. The trie (``replay.core.trie``)
+records for every node the last request that walked through it (its *owner*).
+A block's last touch is its owner's; within that request, blocks were touched
+deepest first. So for a block at depth k owned by request j,
+
+    d = (k − 1 − m_j) + Σ_{j' > j} F[j']
+
+where F[j'] counts the blocks request j' still owns (not touched again since)
+and m_j is the deepest of j's blocks a later request touched again: j still
+owns exactly its blocks deeper than m_j, and those above the block were
+touched after it. Along a request's path the owners change only where the
+trie's walk changes step, so a request's distances are a few *segments*
+(owner, blocks k1..k2) over which d rises by one per block; F is a Fenwick
+tree over the replica's requests. The work is a trie walk per request plus a
+few tree updates per segment — never a pass per capacity, and never a step
+per block.
+
+A replica's pool is shared by every cache routed to it: distances count the
+blocks of all of them. Routing that is a function of the request alone
+(round-robin, seeded random, sticky by stream key) is decided before the
+pass (:class:`Router`); routing by cache state is simulated per capacity
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from replay.core.prompts import Prompt
+from replay.core.streams import stream_key
+from replay.core.times import INF_US
+from replay.core.trie import Trie
+
+try:  # the recorder and the counts compiled (replay/core/_capacity.pyx), where built
+    from replay.core import _capacity as _compiled
+except ImportError:  # pragma: no cover - an install without a compiler
+    _compiled = None
+if os.environ.get("REPLAY_PURE_SWEEP"):  # (as the sweep: count in Python and numpy)
+    _compiled = None
+
+ROUTINGS = ("round-robin", "random", "sticky")  # decided from the request alone
+
+
+class Router:
+    """The replica of each request as it comes, in processing order (routing that
+    is a function of the request alone): ``round-robin`` — the i-th request goes
+    to replica i mod R; ``random`` — seeded, reproducible (``n``: how many
+    requests will come); ``sticky`` — by a hash of the request's stream key."""
+
+    def __init__(self, replicas: int, routing: str, seed: int = 0, n: int = 0):
+        if replicas < 1:
+            raise ValueError("replicas must be ≥ 1")
+        if routing not in ROUTINGS:
+            raise ValueError(f"unknown routing {routing!r}; choose from {', '.join(ROUTINGS)}")
+        self.replicas, self.routing = replicas, routing
+        self.draws = np.random.default_rng(seed).integers(0, replicas, n) if routing == "random" else None
+        self.memo: dict[str, int] = {}
+
+    def __call__(self, i: int, key: str) -> int:
+        """The replica of the ``i``-th request (0-based), of stream key ``key``."""
+        if self.replicas == 1:
+            return 0
+        if self.routing == "round-robin":
+            return i % self.replicas
+        if self.routing == "random":
+            return int(self.draws[i])
+        r = self.memo.get(key)
+        if r is None:
+            digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+            r = self.memo[key] = int.from_bytes(digest, "big") % self.replicas
+        return r
+
+
+class _Fenwick:
+    """Prefix sums over a growing array of counts (a binary indexed tree). Its
+    size stays a power of two: doubling it, the new last entry covers
+    everything before it and the others only new, zero counts."""
+
+    def __init__(self, n: int = 1024):
+        self.size = 1 << max(0, n - 1).bit_length()
+        self.tree = [0] * (self.size + 1)
+
+    def add(self, i: int, delta: int) -> None:
+        while i + 1 > self.size:
+            everything = self.prefix(self.size)
+            self.tree += [0] * self.size
+            self.size *= 2
+            self.tree[self.size] = everything
+        i += 1
+        tree = self.tree
+        while i <= self.size:
+            tree[i] += delta
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        """Sum of counts [0, i)."""
+        s, tree = 0, self.tree
+        i = min(i, self.size)
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+
+class PythonRecorder:
+    """One replica's pool at one block size: what each of its requests still owns
+    (F, a Fenwick tree over them), the deepest of each one's blocks touched
+    again since (m), and the segments recorded so far. ``Recorder`` is this
+    class compiled (``_capacity.pyx``) where built."""
+
+    def __init__(self, block: int):
+        self.block = block
+        self.total = 0  # distinct blocks ever touched (the working set)
+        self._owned = _Fenwick()
+        self._deepest_retouched: list[int] = []
+        # int64 columns, 8 bytes an item (a week's segments as Python lists held GBs)
+        self._rows = {c: array("q") for c in ("count", "gap", "distance", "first", "last")}
+
+    def add(self, steps: list, n_tokens: int) -> None:
+        """Record one request (its trie steps (gap, depth, owner), depth in tokens),
+        then touch its blocks: it owns them now."""
+        b, rows, m, owned = self.block, self._rows, self._deepest_retouched, self._owned
+        me = len(m)
+        segs, prev = [], 0
+        for gap, depth, owner in steps:
+            k1, k2 = prev // b + 1, depth // b  # blocks whose last token is in [prev, depth)
+            prev = depth
+            if k2 >= k1:
+                segs.append((gap, owner, k1, k2))
+        before = owned.prefix(me)  # blocks owned by every earlier request
+        for gap, owner, k1, k2 in segs:
+            # distinct blocks touched since: the owner's blocks above this one, and
+            # every block a later request (before this one) still owns
+            rows["gap"].append(gap)
+            rows["distance"].append((k1 - 1 - m[owner]) + before - owned.prefix(owner + 1))
+            rows["first"].append(k1)
+            rows["last"].append(k2)
+        for _, owner, k1, k2 in segs:  # touched again: this request owns them now
+            owned.add(owner, -(k2 - k1 + 1))
+            m[owner] = max(m[owner], k2)
+        owned.add(me, n_tokens // b)
+        m.append(0)
+        self.total += n_tokens // b - sum(k2 - k1 + 1 for _, _, k1, k2 in segs)
+        rows["count"].append(len(segs))
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """(segments per request, gap, distance, first, last) as int64 arrays."""
+        return tuple(np.frombuffer(self._rows[c], dtype=np.int64).copy() if len(self._rows[c])
+                     else np.zeros(0, dtype=np.int64) for c in ("count", "gap", "distance", "first", "last"))
+
+
+@dataclass
+class Segments:
+    """Every request's distance segments at one block size, flat: request r's
+    segments are ``[offsets[r], offsets[r + 1])``, each with the gap (µs) since
+    its owner's touch, the stack distance of its first block and its blocks
+    k1..k2 (1-based, ascending; distances rise by one per block within a
+    segment and never fall from one segment to the next)."""
+    block: int
+    prompt_tokens: np.ndarray   # int64, per request
+    replica: np.ndarray         # int64, per request
+    offsets: np.ndarray         # int64, n + 1
+    gap: np.ndarray             # int64 µs, per segment
+    distance: np.ndarray        # int64 blocks, per segment
+    first: np.ndarray           # int64 k1
+    last: np.ndarray            # int64 k2
+    working_set: np.ndarray     # int64, per replica: distinct blocks ever touched
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+
+def _recorder(block: int):
+    return _compiled.Recorder(block) if _compiled is not None else PythonRecorder(block)
+
+
+class CapacityPass:
+    """Walks prompts (in processing order) for one stream mode and one routing,
+    recording every request's distance segments at each block size."""
+
+    def __init__(self, mode: str, blocks, replicas: int = 1, horizon_us: int = INF_US):
+        self.mode = mode
+        self.blocks = tuple(int(b) for b in blocks)
+        if any(b < 1 for b in self.blocks):
+            raise ValueError("block sizes must be ≥ 1")
+        self.replicas = replicas
+        self.horizon = horizon_us
+        self._tries: list[dict] = [{} for _ in range(replicas)]
+        self._count = [0] * replicas  # requests seen per replica: the owner number of the next one
+        self._recorders = [[_recorder(b) for b in self.blocks] for _ in range(replicas)]
+        self._tokens, self._replica = array("q"), array("q")
+
+    def add(self, p: Prompt, replica: int) -> None:
+        """Walk one request on its replica (requests must come in processing order)."""
+        caches = self._tries[replica]
+        key = (stream_key(self.mode, p.tenant, p.key, p.session), p.model)
+        trie = caches.get(key)
+        if trie is None:
+            trie = caches[key] = Trie(self.horizon)
+        me = self._count[replica]
+        self._count[replica] += 1
+        steps = trie.walk(p.symbols, p.ts, cum=p.cum, owner=me)
+        for rec in self._recorders[replica]:
+            rec.add(steps, p.n_tokens)
+        self._tokens.append(p.n_tokens)
+        self._replica.append(replica)
+
+    def result(self) -> dict[int, Segments]:
+        """The segments at each block size, requests in processing order."""
+        replica = np.frombuffer(self._replica, dtype=np.int64).copy() if len(self._replica) else \
+            np.zeros(0, dtype=np.int64)
+        tokens = np.frombuffer(self._tokens, dtype=np.int64).copy() if len(self._tokens) else \
+            np.zeros(0, dtype=np.int64)
+        out = {}
+        for bi, b in enumerate(self.blocks):
+            per_replica = [self._recorders[r][bi].columns() for r in range(self.replicas)]
+            out[b] = _interleave(b, replica, tokens, per_replica)
+            out[b].working_set = np.array([self._recorders[r][bi].total for r in range(self.replicas)],
+                                          dtype=np.int64)
+        return out
+
+
+def _interleave(block: int, replica: np.ndarray, tokens: np.ndarray, per_replica: list) -> Segments:
+    """Every replica's segments laid out in the requests' processing order."""
+    n = len(replica)
+    count = np.zeros(n, dtype=np.int64)
+    starts = np.zeros(n, dtype=np.int64)  # where each request's rows start in the concatenation
+    base = 0
+    for r, (c, *_rest) in enumerate(per_replica):
+        mine = np.flatnonzero(replica == r)
+        count[mine] = c
+        starts[mine] = base + np.cumsum(c) - c  # (each replica's own offsets)
+        base += int(c.sum())
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(count, out=offsets[1:])
+    # row i of the output is row starts[r] + (i − offsets[r]) of the concatenation
+    take = np.repeat(starts - offsets[:-1], count) + np.arange(offsets[-1], dtype=np.int64)
+    cols = [np.concatenate([pr[k] for pr in per_replica]) if per_replica else np.zeros(0, dtype=np.int64)
+            for k in range(1, 5)]
+    gap, distance, first, last = (c[take] for c in cols)
+    return Segments(block=block, prompt_tokens=tokens, replica=replica, offsets=offsets, gap=gap,
+                    distance=distance, first=first, last=last, working_set=np.zeros(0, dtype=np.int64))
+
+
+def hit_blocks(seg: Segments, ttl_us: int, capacity: int) -> np.ndarray:
+    """Each request's hit in blocks under TTL τ and a pool of ``capacity`` blocks:
+    min(blocks under τ, blocks under C)."""
+    n = len(seg)
+    out = np.zeros(n, dtype=np.int64)
+    off, gap, dist, first, last = seg.offsets, seg.gap, seg.distance, seg.first, seg.last
+    for r in range(n):
+        k_t = k_c = 0
+        c_open = True
+        for i in range(off[r], off[r + 1]):
+            if gap[i] <= ttl_us:
+                k_t = last[i]
+            if c_open:
+                if dist[i] >= capacity:
+                    c_open = False
+                elif dist[i] + (last[i] - first[i]) >= capacity:
+                    k_c = first[i] + (capacity - 1 - dist[i])
+                    c_open = False
+                else:
+                    k_c = last[i]
+        out[r] = min(k_t, k_c)
+    return out
+
+
+def counts(seg: Segments, ttls_us, capacities, warm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Hit tokens, requests hit and the ``warm`` requests' hit tokens, each int64
+    [TTL, capacity], compiled where built (``_capacity.pyx``)."""
+    ttls = np.ascontiguousarray(ttls_us, dtype=np.int64)
+    caps = np.ascontiguousarray(capacities, dtype=np.int64)
+    warm = np.ascontiguousarray(warm, dtype=np.uint8)
+    if _compiled is not None:
+        return _compiled.capacity_counts(seg.offsets, seg.gap, seg.distance, seg.first, seg.last, warm,
+                                              seg.block, ttls, caps)
+    shape = (len(ttls), len(caps))
+    out = [np.zeros(shape, dtype=np.int64) for _ in range(3)]
+    for ti, t in enumerate(ttls):
+        for ci, c in enumerate(caps):
+            h = hit_blocks(seg, int(t), int(c)) * seg.block
+            out[0][ti, ci], out[1][ti, ci], out[2][ti, ci] = h.sum(), (h > 0).sum(), h[warm.astype(bool)].sum()
+    return out[0], out[1], out[2]
