@@ -20,6 +20,7 @@ import polars as pl
 
 from replay.core.capacity import ROUTINGS, CapacityPass, Router, Segments, counts
 from replay.core.prompts import REPLAYABLE, iter_prompts
+from replay.core.sampled import SampledPass, SampledRefs, sampled_counts
 from replay.core.simulate import BlockLogBuilder, simulate
 from replay.core.streams import check_modes, stream_key
 from replay.core.times import INF_US, ttl_us
@@ -51,6 +52,7 @@ class CapacityGrid:
     routings: tuple[str, ...] = ("round-robin",)
     policies: tuple[str, ...] = ("lru",)
     seed: int = 0
+    sample_rate: float | None = None
 
     def __post_init__(self):
         self.streams = check_modes(self.streams)
@@ -66,6 +68,12 @@ class CapacityGrid:
             raise ValueError(f"unknown policy(ies) {bad}; choose from {', '.join(POLICIES)}")
         for c in self.capacities:
             parse_size(c)
+        if self.sample_rate is not None:
+            if not 0 < self.sample_rate <= 1:
+                raise ValueError("the sample rate must be in (0, 1]")
+            if "belady" in self.policies or ("prefix" in self.routings and max(self.replicas) > 1):
+                raise ValueError("a sampled run estimates LRU with routing decided in advance: "
+                                 "drop belady and prefix routing, or the sample rate")
 
     @property
     def horizon_us(self) -> int:
@@ -91,11 +99,15 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
     grid = grid or CapacityGrid()
     prepare(con, modes=(), tokenizer=tokenizer, progress=progress)
     configs = [(m, r, ro) for m in grid.streams for r in grid.replicas for ro in grid.routings_for(r)]
-    passes = {(m, r, ro): CapacityPass(m, grid.blocks, r, grid.horizon_us)
+    n = con.execute(f"SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id) "
+                    f"WHERE {REPLAYABLE}").fetchone()[0]
+    ttls = [ttl_us(t) for t in grid.ttls]
+    passes = {(m, r, ro): (CapacityPass(m, grid.blocks, r, grid.horizon_us) if grid.sample_rate is None
+                           else SampledPass(m, grid.blocks, r, grid.sample_rate, grid.seed, ttls, n))
               for m, r, ro in configs if ro != "prefix"}
     needs_logs = any(grid.simulated(r, ro, p) for _, r, ro in configs for p in grid.policies)
     logs = {(m, b): BlockLogBuilder(m, b) for m in grid.streams for b in grid.blocks} if needs_logs else {}
-    n = _read(con, passes, logs, grid.seed)
+    n = _read(con, passes, logs, grid.seed, n)
     segments = {k: cp.result() for k, cp in passes.items()}
     caps = _capacities(grid, segments, logs, bytes_per_token)
     rows = []
@@ -117,10 +129,8 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
         maintain_order=True)
 
 
-def _read(con, passes: dict, logs: dict, seed: int) -> int:
-    """Feed every pass and block log the prompts, read once; returns how many there were."""
-    n = con.execute(f"SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id) "
-                    f"WHERE {REPLAYABLE}").fetchone()[0]
+def _read(con, passes: dict, logs: dict, seed: int, n: int) -> int:
+    """Feed every pass and block log the ``n`` prompts, read once; returns how many there were."""
     routers = {k: Router(k[1], k[2], seed, n) for k in passes}
     i = -1
     for i, p in enumerate(iter_prompts(con)):
@@ -159,9 +169,13 @@ class _Figures:
     warm_prompt: int
 
 
-def _one_pass(seg: Segments, grid: CapacityGrid, caps: list[int], n: int) -> _Figures:
+def _one_pass(seg: Segments | SampledRefs, grid: CapacityGrid, caps: list[int], n: int) -> _Figures:
     warm = np.arange(len(seg)) >= len(seg) // 2
-    hit, _, whit = counts(seg, [ttl_us(t) for t in grid.ttls], caps, warm)
+    ttls = [ttl_us(t) for t in grid.ttls]
+    if isinstance(seg, SampledRefs):
+        hit, whit = sampled_counts(seg, ttls, caps)
+    else:
+        hit, _, whit = counts(seg, ttls, caps, warm)
     share = float(np.bincount(seg.replica).max() / n) if n else 0.0
     return _Figures(hit, whit, np.full(hit.shape, share), int(seg.prompt_tokens.sum()),
                     int(seg.prompt_tokens[warm].sum()))

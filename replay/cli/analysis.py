@@ -156,6 +156,10 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
               help="Eviction: lru, belady (evict the block used again farthest in the future: a bound on "
                    "smarter eviction; simulated per capacity, not with prefix routing).")
 @click.option("--seed", default=0, show_default=True, help="Seed of random routing.")
+@click.option("--sample-rate", type=click.FloatRange(0, 1, min_open=True), default=None,
+              help="Estimate from this share of blocks (e.g. 0.1; SHARDS sampling) instead of exactly: for logs "
+                   "whose trie would not fit in memory. Capacities up to 1000/rate blocks stay exact (one small "
+                   "LRU of every block), larger ones are estimated. LRU, routing decided in advance.")
 @click.option("--model", default=None, help=f"A model whose KV bytes per token are known: {', '.join(api.KV_MODELS)}.")
 @click.option("--model-config", type=click.Path(exists=True), default=None,
               help="A Hugging Face config.json (or its directory) to read the KV shape from.")
@@ -166,7 +170,7 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
               help="Tensor-parallel degree: adds capacity_bytes_per_gpu (a replica's bytes / TP).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array, one object per configuration.")
 def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacities, ttls, streams, replicas,
-             routings, policies, seed, model, model_config, kv_bytes_per_token, kv_dtype, tp, as_json):
+             routings, policies, seed, sample_rate, model, model_config, kv_bytes_per_token, kv_dtype, tp, as_json):
     """How much memory and how many replicas: the hit ratio of a finite cache.
 
     \b
@@ -183,7 +187,8 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     try:
         bpt = api.kv_bytes_per_token(model, model_config, kv_bytes_per_token, kv_dtype)
         grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
-                                replicas=replicas, routings=routings, policies=policies, seed=seed)
+                                replicas=replicas, routings=routings, policies=policies, seed=seed,
+                                sample_rate=sample_rate)
         df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json)
     except ValueError as e:
         raise click.ClickException(str(e)) from None

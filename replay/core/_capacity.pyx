@@ -11,8 +11,8 @@ request by request).
 
 import numpy as np
 
-from libc.stdint cimport int64_t, uint8_t
-from libc.stdlib cimport free, realloc
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
+from libc.stdlib cimport calloc, free, realloc
 from libc.string cimport memset
 
 
@@ -191,3 +191,292 @@ def capacity_counts(const int64_t[::1] offsets, const int64_t[::1] gap, const in
                         if warm[r]:
                             whit[ti, ci] += h
     return hits_arr, nhit_arr, warm_arr
+
+
+def stack_distances(const int64_t[::1] prev, const int64_t[::1] first):
+    """:func:`replay.core.sampled.distances`, compiled: a Fenwick tree over the
+    references marking each block's latest touch so far."""
+    cdef Py_ssize_t n = prev.shape[0], i = 0, j, k, q
+    out_arr = np.full(n, -1, dtype=np.int64)
+    tree_arr = np.zeros(n + 1, dtype=np.int64)
+    cdef int64_t[::1] out = out_arr
+    cdef int64_t[::1] tree = tree_arr
+    cdef int64_t s
+    with nogil:
+        while i < n:
+            j = i
+            while j < n and first[j] == first[i]:
+                j += 1
+            for k in range(i, j):  # every lookup of the request first
+                if prev[k] >= 0:
+                    s = 0
+                    q = first[k]
+                    while q > 0:
+                        s += tree[q]
+                        q -= q & -q
+                    q = prev[k] + 1
+                    while q > 0:
+                        s -= tree[q]
+                        q -= q & -q
+                    out[k] = s
+            for k in range(i, j):  # then its touches
+                if prev[k] >= 0:
+                    q = prev[k] + 1
+                    while q <= n:
+                        tree[q] -= 1
+                        q += q & -q
+                q = k + 1
+                while q <= n:
+                    tree[q] += 1
+                    q += q & -q
+            i = j
+    return out_arr
+
+
+# ---------------------------------------------------------------- sampling (replay.core.sampled)
+
+cdef uint64_t _X = 0x9E3779B97F4A7C15ULL
+
+
+cdef inline uint64_t _mix(uint64_t h) noexcept nogil:
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ULL
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBULL
+    return h ^ (h >> 31)
+
+
+def prefix_hashes(syms, before, Py_ssize_t k):
+    """:meth:`replay.core.sampled.SampledPass._prefix_hashes`' sums, compiled:
+    h[j] = Σ_{i ≤ j} (s_i + 1)·x^i (mod 2^64), h[:k] taken from ``before``."""
+    arr = np.ascontiguousarray(syms)
+    cdef Py_ssize_t n = arr.shape[0], j
+    out = np.empty(n, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef const uint64_t[::1] b
+    cdef const int32_t[::1] s32
+    cdef const int64_t[::1] s64
+    cdef uint64_t h = 0, pw = 1, base = _X, e = <uint64_t> k
+    if k:
+        b = before
+        o[:k] = b[:k]
+        h = o[k - 1]
+        while e:  # x^k by squaring
+            if e & 1:
+                pw *= base
+            base *= base
+            e >>= 1
+    if arr.dtype == np.int32:
+        s32 = arr
+        with nogil:
+            for j in range(k, n):
+                h += (<uint64_t> (<int64_t> s32[j] + 1)) * pw
+                pw *= _X
+                o[j] = h
+    else:
+        s64 = arr.astype(np.int64, copy=False)
+        with nogil:
+            for j in range(k, n):
+                h += (<uint64_t> (s64[j] + 1)) * pw
+                pw *= _X
+                o[j] = h
+    return out
+
+
+def sampled_block_ids(const uint64_t[::1] h, Py_ssize_t per, Py_ssize_t n_blocks, uint64_t salt,
+                      uint64_t threshold):
+    """The ids of a prompt's sampled blocks, deepest first (see
+    :meth:`replay.core.sampled.SampledPass._block_ids`)."""
+    out = np.empty(n_blocks, dtype=np.uint64)
+    cdef uint64_t[::1] o = out
+    cdef Py_ssize_t kb, c = 0
+    cdef uint64_t v, end
+    with nogil:
+        for kb in range(n_blocks - 1, -1, -1):
+            end = <uint64_t> ((kb + 1) * per)
+            v = _mix((h[(kb + 1) * per - 1] + salt) ^ (end * _X))
+            if (v >> 40) < threshold:
+                o[c] = v
+                c += 1
+    return out[:c]
+
+
+cdef class TruncatedLRU:
+    """:class:`replay.core.sampled.ExactSmall`, compiled: one LRU of ``cap``
+    blocks (every block, not a sample) whose lookups count, per TTL, the
+    references at each stack distance below ``cap``. An LRU of ``cap`` blocks
+    holds exactly the blocks whose stack distance is below ``cap``, and a
+    block's rank in it is that distance; ranks come from a Fenwick tree over
+    touch stamps (renumbered when they run out), blocks from an
+    open-addressing table."""
+    cdef readonly Py_ssize_t cap
+    cdef Py_ssize_t width, live, next_pos, mask, n_ttl
+    cdef int64_t* tree          # Fenwick tree over stamps, 1-based
+    cdef uint64_t* pos_id       # stamp -> block id
+    cdef int64_t* pos_ts        # stamp -> the touch's time
+    cdef uint8_t* pos_live
+    cdef uint64_t* keys         # block id (0: empty slot)
+    cdef int64_t* vals          # -> its stamp
+    cdef int64_t[::1] ttls
+    cdef int64_t[:, ::1] hist_all
+    cdef int64_t[:, ::1] hist_warm
+    cdef object hist_arr, warm_arr
+
+    def __cinit__(self, Py_ssize_t cap, ttls_us):
+        cdef Py_ssize_t slots = 1
+        self.cap = max(cap, 1)
+        self.width = 1
+        while self.width < 4 * self.cap:
+            self.width <<= 1
+        while slots < 2 * self.cap + 2:
+            slots <<= 1
+        self.mask = slots - 1
+        self.tree = <int64_t*> calloc(self.width + 1, sizeof(int64_t))
+        self.pos_id = <uint64_t*> calloc(self.width, sizeof(uint64_t))
+        self.pos_ts = <int64_t*> calloc(self.width, sizeof(int64_t))
+        self.pos_live = <uint8_t*> calloc(self.width, sizeof(uint8_t))
+        self.keys = <uint64_t*> calloc(slots, sizeof(uint64_t))
+        self.vals = <int64_t*> calloc(slots, sizeof(int64_t))
+        if not (self.tree and self.pos_id and self.pos_ts and self.pos_live and self.keys and self.vals):
+            raise MemoryError()
+        self.ttls = np.ascontiguousarray(ttls_us, dtype=np.int64)
+        self.n_ttl = self.ttls.shape[0]
+        self.hist_arr = np.zeros((self.n_ttl, self.cap), dtype=np.int64)
+        self.warm_arr = np.zeros((self.n_ttl, self.cap), dtype=np.int64)
+        self.hist_all = self.hist_arr
+        self.hist_warm = self.warm_arr
+
+    def __dealloc__(self):
+        free(self.tree)
+        free(self.pos_id)
+        free(self.pos_ts)
+        free(self.pos_live)
+        free(self.keys)
+        free(self.vals)
+
+    @property
+    def hist(self):
+        """References per [TTL, stack distance] that were fresh under the TTL."""
+        return self.hist_arr
+
+    @property
+    def warm(self):
+        """The same, for the requests marked late."""
+        return self.warm_arr
+
+    cdef inline void _tree_add(self, Py_ssize_t pos, int64_t delta) noexcept nogil:
+        cdef Py_ssize_t q = pos + 1
+        while q <= self.width:
+            self.tree[q] += delta
+            q += q & -q
+
+    cdef inline int64_t _after(self, Py_ssize_t pos) noexcept nogil:
+        """Live stamps later than ``pos``."""
+        cdef int64_t s = 0
+        cdef Py_ssize_t q = pos + 1
+        while q > 0:
+            s += self.tree[q]
+            q -= q & -q
+        return self.live - s
+
+    cdef inline Py_ssize_t _oldest(self) noexcept nogil:
+        """The first live stamp (the tree's lower bound of 1)."""
+        cdef Py_ssize_t pos = 0, step = self.width
+        while step:
+            if pos + step <= self.width and self.tree[pos + step] < 1:
+                pos += step
+            step >>= 1
+        return pos  # 0-based: the (pos + 1)-th tree entry
+
+    cdef inline Py_ssize_t _slot(self, uint64_t key) noexcept nogil:
+        cdef Py_ssize_t i = <Py_ssize_t> (key & <uint64_t> self.mask)
+        while self.keys[i] != 0 and self.keys[i] != key:
+            i = (i + 1) & self.mask
+        return i
+
+    cdef void _delete(self, uint64_t key) noexcept nogil:
+        """Removes ``key`` (linear probing's backward shift)."""
+        cdef Py_ssize_t i = self._slot(key), j, k
+        self.keys[i] = 0
+        j = i
+        while True:
+            j = (j + 1) & self.mask
+            if self.keys[j] == 0:
+                return
+            k = <Py_ssize_t> (self.keys[j] & <uint64_t> self.mask)
+            if (i < j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+                self.keys[i] = self.keys[j]
+                self.vals[i] = self.vals[j]
+                self.keys[j] = 0
+                i = j
+
+    cdef void _compact(self) noexcept nogil:
+        """Renumbers the live stamps 0, 1, … in order."""
+        cdef Py_ssize_t p, j = 0
+        for p in range(self.width):
+            if self.pos_live[p]:
+                self.pos_id[j] = self.pos_id[p]
+                self.pos_ts[j] = self.pos_ts[p]
+                self.vals[self._slot(self.pos_id[j])] = j
+                j += 1
+        memset(self.pos_live, 0, self.width * sizeof(uint8_t))
+        memset(self.tree, 0, (self.width + 1) * sizeof(int64_t))
+        for p in range(j):
+            self.pos_live[p] = 1
+            self._tree_add(p, 1)
+        self.next_pos = j
+
+    def add(self, const uint64_t[::1] h, Py_ssize_t per, Py_ssize_t n_blocks, uint64_t salt, int64_t ts,
+            bint late, uint64_t threshold):
+        """One request: its blocks' ids (as ``sampled_block_ids`` makes them),
+        all looked up, then touched deepest first, then the oldest evicted down
+        to ``cap``. Returns, for the sampled blocks (deepest first), whether
+        each was resident (its distance below ``cap``)."""
+        cdef Py_ssize_t kb, t, slot, pos, c = 0
+        cdef int64_t d, gap
+        cdef uint64_t key, v
+        near_arr = np.zeros(n_blocks, dtype=np.uint8)
+        cdef uint8_t[::1] near = near_arr
+        with nogil:
+            for kb in range(n_blocks - 1, -1, -1):
+                v = _mix((h[(kb + 1) * per - 1] + salt) ^ (<uint64_t> ((kb + 1) * per) * _X))
+                key = v | 1
+                slot = self._slot(key)
+                if (v >> 40) < threshold:
+                    near[c] = self.keys[slot] != 0
+                    c += 1
+                if self.keys[slot] == 0:
+                    continue
+                pos = self.vals[slot]
+                d = self._after(pos)
+                gap = ts - self.pos_ts[pos]
+                for t in range(self.n_ttl):
+                    if gap <= self.ttls[t]:
+                        self.hist_all[t, d] += 1
+                        if late:
+                            self.hist_warm[t, d] += 1
+            for kb in range(n_blocks - 1, -1, -1):
+                key = _mix((h[(kb + 1) * per - 1] + salt) ^ (<uint64_t> ((kb + 1) * per) * _X)) | 1
+                if self.next_pos == self.width:
+                    self._compact()
+                slot = self._slot(key)
+                if self.keys[slot] != 0:
+                    pos = self.vals[slot]
+                    self.pos_live[pos] = 0
+                    self._tree_add(pos, -1)
+                    self.live -= 1
+                else:
+                    self.keys[slot] = key
+                pos = self.next_pos
+                self.next_pos += 1
+                self.vals[slot] = pos
+                self.pos_id[pos] = key
+                self.pos_ts[pos] = ts
+                self.pos_live[pos] = 1
+                self._tree_add(pos, 1)
+                self.live += 1
+                while self.live > self.cap:
+                    pos = self._oldest()
+                    self._delete(self.pos_id[pos])
+                    self.pos_live[pos] = 0
+                    self._tree_add(pos, -1)
+                    self.live -= 1
+        return near_arr[:c]
