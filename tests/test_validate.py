@@ -137,6 +137,25 @@ def test_end_to_end_small_validation(model_dir, servers):
     assert _no_server_for(model_dir)
 
 
+def test_a_byte_budget_is_predicted_exactly_on_the_shipped_sample(model_dir, servers):
+    """mlx-lm's --prompt-cache-bytes (the budget holds ~2,900 tokens of this
+    model's KV, so it evicts): every request's cached tokens as predicted."""
+    from replay import api
+    from test_cli import SAMPLE
+
+    con = db.connect(None)
+    api.ingest(con, [str(SAMPLE)])
+    bpt = V.kv_bytes_per_token(model_dir)
+    res = V.validate(con, sample=30, model_cache_dir=model_dir, prompt_cache_size=None,
+                     prompt_cache_bytes=2900 * bpt, max_prompt_tokens=3000, timeout_s=300, cold_pass=False)
+    assert res["error"] is None, res["error"]
+    assert res["requests"] == 30 and res["prompt_tokens_match"] == 1.0
+    assert res["cached_exact"] == 30
+    assert res["evictions_predicted"] > 0
+    assert 0 < res["cached_reported_tokens"] < res["ideal_ceiling_tokens"]
+    assert _no_server_for(model_dir)
+
+
 def test_mlx_missing_message(monkeypatch):
     import importlib.util
 

@@ -53,6 +53,7 @@ class CapacityGrid:
     policies: tuple[str, ...] = ("lru",)
     seed: int = 0
     sample_rate: float | None = None
+    auto_points: int = 16  # how many capacities ``auto`` spans (log-spaced)
 
     def __post_init__(self):
         self.streams = check_modes(self.streams)
@@ -152,8 +153,8 @@ def _capacities(grid: CapacityGrid, segments: dict, logs: dict, bytes_per_token:
             caps = set()
             for spec in grid.capacities:
                 kind, value = parse_size(spec)
-                caps |= set(auto_capacities(ws)) if kind == "auto" else {max(0, blocks_for(kind, value, b,
-                                                                                           bytes_per_token))}
+                caps |= (set(auto_capacities(ws, grid.auto_points)) if kind == "auto"
+                         else {max(0, blocks_for(kind, value, b, bytes_per_token))})
             out[(m, b)] = sorted(caps)
     return out
 

@@ -7,7 +7,7 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import csv_values, db_option, ingest_options, load_logs, one_config
+from replay.cli.options import csv_values, db_option, ingest_options, kv_options, load_logs, one_config
 
 
 @click.command("diagnose")
@@ -160,12 +160,7 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
               help="Estimate from this share of blocks (e.g. 0.1; SHARDS sampling) instead of exactly: for logs "
                    "whose trie would not fit in memory. Capacities up to 1000/rate blocks stay exact (one small "
                    "LRU of every block), larger ones are estimated. LRU, routing decided in advance.")
-@click.option("--model", default=None, help=f"A model whose KV bytes per token are known: {', '.join(api.KV_MODELS)}.")
-@click.option("--model-config", type=click.Path(exists=True), default=None,
-              help="A Hugging Face config.json (or its directory) to read the KV shape from.")
-@click.option("--kv-bytes-per-token", type=int, default=None, help="KV bytes per token, for any other model.")
-@click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8", "fp32"]), default=None,
-              help="KV element type (default: the config's, else bf16).")
+@kv_options
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel degree: adds capacity_bytes_per_gpu (a replica's bytes / TP).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array, one object per configuration.")

@@ -8,9 +8,8 @@ from pathlib import Path
 import click
 
 from replay import api
-from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, load_logs, print_table,
-                                profile_names, tokenizer_option)
-
+from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_options, load_logs,
+                                print_table, profile_names, tokenizer_option)
 
 @click.command()
 @click.argument("logs", nargs=-1, required=True)
@@ -79,9 +78,19 @@ def _price_options(f):
     return f
 
 
-def _extra_sections(prices=None, price_model=None):
-    """Sections the analyses contribute to the report."""
+def _kv(kv: dict) -> tuple[int | None, str | None]:
+    """The KV options as (bytes per token, the model's name for the report)."""
+    try:
+        bpt = api.kv_bytes_per_token(kv["model"], kv["model_config"], kv["kv_bytes_per_token"], kv["kv_dtype"])
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    return bpt, kv["model"] or (Path(kv["model_config"]).name if kv["model_config"] else None)
+
+
+def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer=None):
+    """Sections the analyses contribute to the report (``kv``: what :func:`_kv` returns)."""
     return [lambda con, out: api.why_miss_section(con, out),
+            lambda con, out: api.memory_section(con, out, g, kv[0], kv[1], tokenizer=tokenizer),
             lambda con, out: api.validation_section(con, out),
             lambda con, out: api.savings_section(con, out, price_model=price_model, prices_path=prices)]
 
@@ -96,14 +105,16 @@ def _extra_sections(prices=None, price_model=None):
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
 @click.option("--fresh", is_flag=True, help="Start from an empty database file.")
 @_price_options
+@kv_options
 def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, name, out, fresh,
-        prices, price_model):
+        prices, price_model, **kv):
     """The batch job: ingest → tokenize → replay → sweep → report.
 
     Without LOGS it runs on the shipped sample (data/sample). The report goes
     to OUT/NAME/report.md with its plots.
     """
     g = grid(ttls, blocks, mins, streams)
+    kv = _kv(kv)
     if not logs:
         if not Path(SAMPLE).exists():
             raise click.ClickException(f"no logs given and no shipped sample at {SAMPLE} "
@@ -117,7 +128,8 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     tok = api.load_tokenizer(tokenizer)  # its encoder process loads and works while ingest runs
     load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
     path = api.write_report(con, Path(out) / name, g, title=f"Prefix-cache sizing — {name}",
-                            extra_sections=_extra_sections(prices, price_model), progress=True, tokenizer=tok)
+                            extra_sections=_extra_sections(g, prices, price_model, kv, tok), progress=True,
+                            tokenizer=tok)
     click.echo(f"report written to {path}")
 
 
@@ -127,12 +139,14 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
 @click.option("--name", default="report", show_default=True)
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
 @_price_options
-def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model):
+@kv_options
+def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model, **kv):
     """Write the report from what the database already holds."""
     g = grid(ttls, blocks, mins, streams)
+    kv = _kv(kv)
     con = api.open_db(db_path)
     load_logs(con, (), None, {}, None)
-    path = api.write_report(con, Path(out) / name, g, extra_sections=_extra_sections(prices, price_model),
+    path = api.write_report(con, Path(out) / name, g, extra_sections=_extra_sections(g, prices, price_model, kv),
                             progress=True)
     click.echo(f"report written to {path}")
 

@@ -69,6 +69,18 @@ def grid_options(f):
     return f
 
 
+def kv_options(f):
+    """The model whose KV bytes per token turn block counts into sizes."""
+    f = click.option("--kv-dtype", type=click.Choice(["bf16", "fp16", "fp8", "fp32"]), default=None,
+                     help="KV element type (default: the config's, else bf16).")(f)
+    f = click.option("--kv-bytes-per-token", type=int, default=None, help="KV bytes per token, for any other model.")(f)
+    f = click.option("--model-config", type=click.Path(exists=True), default=None,
+                     help="A Hugging Face config.json (or its directory) to read the KV shape from.")(f)
+    f = click.option("--model", default=None,
+                     help=f"A model whose KV bytes per token are known: {', '.join(api.KV_MODELS)}.")(f)
+    return f
+
+
 def one_config(f):
     """One configuration (diagnose, whatif)."""
     f = click.option("--ttl", default="5m", show_default=True, callback=lambda c, p, v: _one_ttl(v),

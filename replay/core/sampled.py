@@ -96,7 +96,7 @@ class SampledRefs:
     far: list                     # per replica: bool, not resident in the exact small LRU
     working_set: np.ndarray       # int64 per replica: distinct blocks, estimated
     ttls_us: tuple                # the TTLs the exact small-capacity counts are for
-    exact: np.ndarray             # int64 [all/last half, TTL, d]: every replica's references at distance d < exact_below
+    exact: np.ndarray             # int64 [all/last half, TTL, d]: all replicas' references at distance d
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
