@@ -47,3 +47,20 @@ def test_same_results_notices_a_difference():
            "prompt_tokens": 100, "hit_tokens": 32, "requests_hit": 1}
     assert bench.same_results([row], [dict(row)])
     assert not bench.same_results([row], [dict(row, hit_tokens=48)])
+
+
+def test_the_capacity_bench_compares_like_with_like(logs, tmp_path):
+    """bench/capacity.py on a pipeline's database: the per-capacity simulations
+    equal the one pass, the grid without ∞ equals the one with it where both
+    have the capacity, and the sampled stage's error is measured against them."""
+    import json
+    import subprocess
+
+    bench.stage_pipeline(str(logs), str(tmp_path / "r.duckdb"), ttls=(300.0,))
+    out = subprocess.run([sys.executable, str(BENCH / "capacity.py"), "--db", str(tmp_path / "r.duckdb"),
+                          "--naive-capacities", "3", "--seeds", "1", "--json"],
+                         capture_output=True, text=True, check=True)
+    res = json.loads(out.stdout)
+    assert res["naive_results_identical"] is True and res["naive"]["simulations"] == 2 * 2 * 3
+    assert res["exact_preset_ttls_identical"] is True and res["exact_preset_ttls_rows_compared"] > 0
+    assert 0 <= res["sampled"]["max_error_pts"] < 100 and len(res["sampled"]["runs"]) == 1

@@ -84,11 +84,11 @@ cdef class Node:
         self.start = start
         self.length = length
         self.base_len = len(base)
-        if 2 * length < self.base_len:
-            # a short edge of a long array would keep all of it alive (a leaf
-            # branching off late in a long prompt holds the whole prompt): copy
-            # it, so every array held is at least half used and the trie holds
-            # at most twice its own symbols
+        if length < self.base_len:
+            # an edge that is part of a longer array would keep all of it alive
+            # (a leaf branching off late in a long prompt holds the whole
+            # prompt): copy it, so the trie holds its own symbols and no more
+            # (copying is one memcpy of the trie's content over the whole log)
             self.base = base[start:start + length].copy()
             self.data = _data(self.base)
             self.start = 0

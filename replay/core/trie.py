@@ -45,15 +45,14 @@ __all__ = ["Trie", "PythonTrie", "COMPILED", "common_prefix_len"]
 
 
 def _own(edge: np.ndarray) -> np.ndarray:
-    """``edge``, copied when it is under half the array it views: a short edge of
-    a long array would keep all of it alive (a leaf branching off late in a long
-    prompt holds the whole prompt), so every array a trie holds is at least half
-    used and the trie holds at most twice its own symbols."""
+    """``edge``, copied when it is part of a longer array: it would keep all of it
+    alive (a leaf branching off late in a long prompt holds the whole prompt), so
+    the trie holds its own symbols and no more."""
     base = edge.base
     if base is None:
         return edge
     size = base.nbytes if isinstance(base, np.ndarray) else memoryview(base).nbytes
-    return edge.copy() if 2 * edge.nbytes < size else edge
+    return edge.copy() if edge.nbytes < size else edge
 
 
 class _Node:
