@@ -14,6 +14,7 @@ from __future__ import annotations
 import polars as pl
 
 from replay.analysis.capacity import CapacityGrid, capacity  # noqa: F401
+from replay.analysis.duplicates import duplicates_section, exact_duplicates  # noqa: F401
 from replay.analysis.memory import memory_figures, memory_section, plot_memory  # noqa: F401
 from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
 from replay.analysis.overview import idle_gaps, overview  # noqa: F401
@@ -41,7 +42,7 @@ from replay.validate.check import store_result, summary_lines, validate, validat
 __all__ = ["open_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep", "profile_sweep",
            "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif", "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
-           "memory_figures", "memory_section", "plot_memory",
+           "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
            "Grid", "format_ttl", "parse_ttl"]
 
 open_db = db.connect

@@ -199,3 +199,45 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
         click.echo(f"{r['stream']:<8} {api.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['capacity_blocks']:>12,} "
                    f"{gib:>9} {r['replicas']:>3} {r['routing']:<12} {r['policy']:<7} {100 * r['hit_ratio']:>6.1f} "
                    f"{100 * r['warm_hit_ratio']:>7.1f} {100 * r['max_replica_share']:>7.1f}%")
+
+
+@click.command("duplicates")
+@click.argument("logs", nargs=-1)
+@db_option
+@ingest_options
+@click.option("--ttl", "ttls", default="5m,1h,inf", show_default=True, callback=csv_values(api.parse_ttl),
+              help="How long a response cache keeps an answer: seconds, or with s/m/h/d; 'inf' = forever.")
+@click.option("--stream", "streams", default="tenant,global", show_default=True, callback=csv_values(str),
+              help="Stream modes: tenant, key, session, global (a cache per stream and model).")
+@click.option("--no-normalized", is_flag=True, help="Skip the rates after whatif's normalizers.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print exactly a JSON object: exact (rows), near, model.")
+def duplicates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, no_normalized, as_json):
+    """Exact duplicates: the requests a response cache could have answered.
+
+    \b
+    A request is a duplicate when its whole rendered prompt equals an earlier
+    request's of the same stream and model, the most recent such one at most
+    TTL earlier. Beside it, the same after whatif's normalizers (timestamps
+    bucketed, headers stripped, tools and JSON keys sorted). Near duplicates
+    (a semantic cache) are not computed yet: "near" is null.
+    """
+    con = api.open_db(db_path)
+    load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
+    try:
+        df = api.exact_duplicates(con, ttls=ttls, streams=streams, normalized=not no_normalized,
+                                  tokenizer=tokenizer)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps({"exact": df.to_dicts(), "near": None, "model": None}))
+        return
+    click.echo(f"{'stream':<8} {'ttl':>6} {'requests':>9} {'duplicates':>11} {'share':>7} "
+               f"{'normalized':>11} {'share':>7}")
+    for r in df.iter_rows(named=True):
+        ttl = api.format_ttl(float("inf") if r["ttl_s"] is None else r["ttl_s"])
+        norm = (f"{r['normalized_duplicate_requests']:>11,} {100 * r['normalized_duplicate_share']:>6.1f}%"
+                if "normalized_duplicate_requests" in r else "")
+        click.echo(f"{r['stream']:<8} {ttl:>6} {r['requests']:>9,} {r['duplicate_requests']:>11,} "
+                   f"{100 * r['duplicate_share']:>6.1f}% {norm}")
+    click.echo("near duplicates (a semantic cache): not computed yet", err=True)

@@ -91,6 +91,7 @@ def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer
     """Sections the analyses contribute to the report (``kv``: what :func:`_kv` returns)."""
     return [lambda con, out: api.why_miss_section(con, out),
             lambda con, out: api.memory_section(con, out, g, kv[0], kv[1], tokenizer=tokenizer),
+            lambda con, out: api.duplicates_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.validation_section(con, out),
             lambda con, out: api.savings_section(con, out, price_model=price_model, prices_path=prices)]
 
