@@ -15,6 +15,8 @@ import polars as pl
 
 from replay.analysis.capacity import CapacityGrid, capacity  # noqa: F401
 from replay.analysis.duplicates import duplicates_section, exact_duplicates  # noqa: F401
+from replay.analysis.near import MODEL_NAME as NEAR_MODEL, THRESHOLDS as NEAR_THRESHOLDS  # noqa: F401
+from replay.analysis.near import WARNING as NEAR_WARNING, SemanticMissing, near_duplicates  # noqa: F401
 from replay.analysis.memory import memory_figures, memory_section, plot_memory  # noqa: F401
 from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
 from replay.analysis.overview import idle_gaps, overview  # noqa: F401
@@ -43,6 +45,7 @@ __all__ = ["open_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep"
            "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif", "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
            "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
+           "near_duplicates",
            "Grid", "format_ttl", "parse_ttl"]
 
 open_db = db.connect

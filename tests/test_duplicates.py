@@ -3,6 +3,7 @@ reading of the contract: same cache (stream key and model), whole prompt
 equal, the most recent such earlier request at most τ before (a gap of exactly
 τ counts), processing order = time, then input order."""
 
+import importlib.util
 import json
 import math
 import random
@@ -133,3 +134,11 @@ def test_the_report_section(tmp_path, monkeypatch):
     monkeypatch.setattr(D, "REPORT_NORMALIZED_MAX", 2)
     text = D.duplicates_section(con, ttls=(math.inf,), streams=("tenant",))
     assert "| tenant | inf | 3 | 0 | 0.0 % | 0 | — | — |" in text and "above 2 requests" in text
+    near = text.split("### Near duplicates")[1]
+    if importlib.util.find_spec("wordllama"):
+        assert "**Warning —" in near and "| tenant | inf | 66.7 % | 66.7 % |" in near
+    else:
+        assert "semantic" in near and "%" not in near
+    monkeypatch.setattr(D, "REPORT_NEAR_MAX", 2)
+    near = D.duplicates_section(con, ttls=(math.inf,), streams=("tenant",)).split("### Near duplicates")[1]
+    assert "above 2 requests" in near and "%" not in near

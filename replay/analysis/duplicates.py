@@ -22,6 +22,7 @@ import math
 
 import polars as pl
 
+from replay.analysis.near import MODEL_NAME, WARNING, SemanticMissing, near_duplicates
 from replay.analysis.whatif import FIXES, normalized_copy
 from replay.core.prompts import iter_prompts
 from replay.core.streams import check_modes, stream_key
@@ -29,6 +30,8 @@ from replay.core.times import format_ttl, ttl_us
 from replay.prepare import prepare
 
 REPORT_NORMALIZED_MAX = 20_000  # requests; the report's normalized rates re-tokenize the log
+REPORT_NEAR_MAX = 50_000        # requests; the near search compares every pair within the TTL
+REPORT_THRESHOLDS = (0.90, 0.95)
 
 SCHEMA = {"stream": pl.Utf8, "ttl_s": pl.Float64, "requests": pl.Int64, "duplicate_requests": pl.Int64,
           "duplicate_share": pl.Float64, "duplicate_prompt_tokens": pl.Int64}
@@ -107,5 +110,24 @@ def duplicates_section(con, out_dir=None, ttls=(300.0, 3600.0, math.inf), stream
     if n > REPORT_NORMALIZED_MAX:
         lines += ["", f"_Normalized rates not computed in the report above {REPORT_NORMALIZED_MAX:,} requests "
                   "(they tokenize the normalized log again): run `replay duplicates` on the log._"]
-    lines += ["", "_Near duplicates (what a semantic cache could answer) are not computed yet._", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + _near_lines(con, n, ttls, streams, tokenizer))
+
+
+def _near_lines(con, n: int, ttls, streams, tokenizer) -> list[str]:
+    """The near-duplicate rates, only ever beside their warning."""
+    head = ["### Near duplicates (what a semantic cache could answer: raw, unlabelled)", ""]
+    if n > REPORT_NEAR_MAX:
+        return head + [f"_Not computed in the report above {REPORT_NEAR_MAX:,} requests (the search compares "
+                       "every pair within the TTL): run `replay duplicates` on the log._", ""]
+    try:
+        near = near_duplicates(con, ttls=ttls, streams=streams, thresholds=REPORT_THRESHOLDS, tokenizer=tokenizer)
+    except SemanticMissing as e:
+        return head + [f"_Not computed: {e}._", ""]
+    lines = head + [f"**Warning — {WARNING}.** Last user turn embedded with {MODEL_NAME}.", "",
+                    "| stream | TTL | " + " | ".join(f"cosine ≥ {t:.2f}" for t in REPORT_THRESHOLDS) + " |",
+                    "|---|---|" + "---:|" * len(REPORT_THRESHOLDS)]
+    for (stream, ttl), part in near.group_by(["stream", "ttl_s"], maintain_order=True):
+        shares = {r["threshold"]: r["near_share"] for r in part.iter_rows(named=True)}
+        lines.append(f"| {stream} | {format_ttl(math.inf if ttl is None else ttl)} | " +
+                     " | ".join(f"{100 * shares[t]:.1f} %" for t in REPORT_THRESHOLDS) + " |")
+    return lines + [""]

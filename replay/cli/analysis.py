@@ -209,28 +209,44 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
               help="How long a response cache keeps an answer: seconds, or with s/m/h/d; 'inf' = forever.")
 @click.option("--stream", "streams", default="tenant,global", show_default=True, callback=csv_values(str),
               help="Stream modes: tenant, key, session, global (a cache per stream and model).")
+@click.option("--threshold", "thresholds", default=",".join(map(str, api.NEAR_THRESHOLDS)), show_default=True,
+              callback=csv_values(float), help="Cosine thresholds of the near-duplicate rates.")
 @click.option("--no-normalized", is_flag=True, help="Skip the rates after whatif's normalizers.")
+@click.option("--no-near", is_flag=True, help="Skip near duplicates (the embedding model).")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print exactly a JSON object: exact (rows), near, model.")
-def duplicates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, no_normalized, as_json):
-    """Exact duplicates: the requests a response cache could have answered.
+              help="Print exactly a JSON object: exact (rows), near (rows, or null), model.")
+def duplicates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, thresholds, no_normalized,
+               no_near, as_json):
+    """Exact and near duplicates: what a response cache and a semantic cache could answer.
 
     \b
-    A request is a duplicate when its whole rendered prompt equals an earlier
-    request's of the same stream and model, the most recent such one at most
-    TTL earlier. Beside it, the same after whatif's normalizers (timestamps
-    bucketed, headers stripped, tools and JSON keys sorted). Near duplicates
-    (a semantic cache) are not computed yet: "near" is null.
+    Exact: a request whose whole rendered prompt equals an earlier request's
+    of the same stream and model, the most recent such one at most TTL
+    earlier; beside it the same after whatif's normalizers (timestamps
+    bucketed, headers stripped, tools and JSON keys sorted).
+    Near: the last user turn's embedding (a packaged, offline, English-centric
+    model: the semantic extra) within cosine THRESHOLD of an earlier one of the
+    stream within TTL. Raw near rates overstate what a semantic cache could
+    safely answer: label a sample before trusting them.
     """
     con = api.open_db(db_path)
     load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
+    near, model = None, None
     try:
         df = api.exact_duplicates(con, ttls=ttls, streams=streams, normalized=not no_normalized,
                                   tokenizer=tokenizer)
+        if not no_near:
+            try:
+                near = api.near_duplicates(con, ttls=ttls, streams=streams, thresholds=thresholds,
+                                           tokenizer=tokenizer)
+                model = api.NEAR_MODEL
+            except api.SemanticMissing as e:
+                click.echo(f"near duplicates skipped: {e}", err=True)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     if as_json:
-        click.echo(json.dumps({"exact": df.to_dicts(), "near": None, "model": None}))
+        click.echo(json.dumps({"exact": df.to_dicts(), "near": None if near is None else near.to_dicts(),
+                               "model": model}))
         return
     click.echo(f"{'stream':<8} {'ttl':>6} {'requests':>9} {'duplicates':>11} {'share':>7} "
                f"{'normalized':>11} {'share':>7}")
@@ -240,4 +256,10 @@ def duplicates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, 
                 if "normalized_duplicate_requests" in r else "")
         click.echo(f"{r['stream']:<8} {ttl:>6} {r['requests']:>9,} {r['duplicate_requests']:>11,} "
                    f"{100 * r['duplicate_share']:>6.1f}% {norm}")
-    click.echo("near duplicates (a semantic cache): not computed yet", err=True)
+    if near is not None:
+        click.echo(f"\nnear duplicates ({model}) — {api.NEAR_WARNING}")
+        click.echo(f"{'stream':<8} {'ttl':>6} {'threshold':>9} {'near':>9} {'share':>7}")
+        for r in near.iter_rows(named=True):
+            ttl = api.format_ttl(float("inf") if r["ttl_s"] is None else r["ttl_s"])
+            click.echo(f"{r['stream']:<8} {ttl:>6} {r['threshold']:>9.2f} {r['near_requests']:>9,} "
+                       f"{100 * r['near_share']:>6.1f}%")

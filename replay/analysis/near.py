@@ -1,0 +1,172 @@
+"""Near duplicates: the raw ceiling of a semantic cache, before any labels.
+
+A request is a near duplicate under (τ, θ) when the embedding of its last user
+turn has cosine ≥ θ with that of an earlier request of the same cache (stream
+key and model) at most τ before it (integer µs; a gap of exactly τ counts;
+processing order). Exact duplicates count too (cosine 1). Requests whose last
+user turn has no text (block traces, tool-only turns) are counted, never near.
+
+The embedding model ships inside a package and runs offline on CPU (the
+``semantic`` extra): WordLlama's ``l2_supercat`` (256-dimensional static token
+embeddings, mean-pooled; weights and tokenizer inside the wheel). It is
+English-centric (trained on English text with Llama 2's tokenizer): other
+languages embed poorly. Static embeddings score a negation or a changed entity
+close to the original — raw near rates overstate what a semantic cache could
+safely answer, which is why they are only ever shown beside that warning, and
+adjusted once labels exist.
+
+The search is exact: for each request, the largest cosine over the earlier
+requests of its cache within τ, by blocks of matrix products.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from replay.core.prompts import time_ordered_chunks
+from replay.core.streams import check_modes, stream_key
+from replay.core.times import ttl_us
+from replay.prepare import prepare
+
+THRESHOLDS = (0.80, 0.85, 0.90, 0.95, 0.99)
+MODEL_NAME = "wordllama l2_supercat_256 (static token embeddings, English-centric)"
+ROWS_PER_BLOCK = 256  # rows of the similarity matrix computed at once
+BODIES_PER_QUERY = 200
+WARNING = ("raw embedding similarity: published audits found only a small fraction of such 'hits' reusable "
+           "when judged (about 2 % at 0.90 on LMSYS-Chat, Quora and MOSS); label a sample before trusting it")
+
+SCHEMA = {"stream": pl.Utf8, "ttl_s": pl.Float64, "threshold": pl.Float64, "requests": pl.Int64,
+          "near_requests": pl.Int64, "near_share": pl.Float64, "labelled_precision": pl.Float64,
+          "adjusted_share": pl.Float64}
+
+
+class SemanticMissing(RuntimeError):
+    """The embedding model's package is not installed."""
+
+
+def load_embedder() -> Callable[[list[str]], np.ndarray]:
+    """The packaged model as a function: texts → unit vectors (float32 [n, 256]).
+    Loads the weights and tokenizer from the installed wheel, never the network
+    (WordLlama's own loader looks for the tokenizer where its wheel does not put
+    it, then downloads)."""
+    try:
+        import wordllama
+        from safetensors import safe_open
+        from tokenizers import Tokenizer
+        from wordllama import WordLlamaInference
+    except ImportError:
+        raise SemanticMissing("near duplicates need the embedding model: pip install 'prefix-replay[semantic]'") \
+            from None
+    pkg = Path(wordllama.__file__).parent
+    tok = Tokenizer.from_file(str(pkg / "tokenizers" / "l2_supercat_tokenizer_config.json"))
+    with safe_open(str(pkg / "weights" / "l2_supercat_256.safetensors"), framework="np") as f:
+        weights = f.get_tensor("embedding.weight")
+    model = WordLlamaInference(weights, tok, binary=False)
+    return lambda texts: np.asarray(model.embed(list(texts), norm=True), dtype=np.float32).reshape(len(texts), -1)
+
+
+def last_user_text(body: dict) -> str:
+    """The text of the last user message (text parts, and tool results' text
+    where the turn has nothing else), '' when there is none."""
+    msgs = body.get("messages") or []
+    for m in reversed(msgs):
+        if not isinstance(m, dict) or m.get("role") != "user":
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            return content
+        texts, results = [], []
+        for part in content or []:
+            if not isinstance(part, dict):
+                continue
+            if part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            elif part.get("type") == "tool_result":
+                inner = part.get("content")
+                results += [inner] if isinstance(inner, str) else \
+                    [p.get("text", "") for p in inner or [] if isinstance(p, dict) and p.get("type") == "text"]
+        return "\n".join(texts or results)
+    return ""
+
+
+def turns(con, tokenizer=None) -> pl.DataFrame:
+    """One row per replayable request in processing order: ts, tenant, key,
+    session, model and the last user turn's text."""
+    prepare(con, modes=(), tokenizer=tokenizer)
+    rows = []
+    # (small chunks: an agent's body can be 100 KB, and DuckDB's memory is capped)
+    for tbl in time_ordered_chunks(con, "r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model",
+                                   chunk=BODIES_PER_QUERY):
+        ids = tbl.column("request_id").to_pylist()
+        # (literal ids: pushed down into the view, which would otherwise join every body's blobs)
+        bodies = dict(con.execute(f"SELECT request_id, body FROM request_bodies WHERE request_id IN "
+                                  f"({','.join(str(int(i)) for i in ids)})").fetchall()) if ids else {}
+        meta = [tbl.column(c).to_pylist() for c in ("ts_us", "tenant", "prompt_cache_key", "session", "model")]
+        for k, rid in enumerate(ids):
+            try:
+                body = json.loads(bodies.get(rid) or "null")
+            except ValueError:
+                body = None
+            text = last_user_text(body) if isinstance(body, dict) else ""
+            rows.append(tuple(col[k] for col in meta) + (text,))
+    return pl.DataFrame(rows, schema={"ts": pl.Int64, "tenant": pl.Utf8, "key": pl.Utf8, "session": pl.Utf8,
+                                      "model": pl.Utf8, "text": pl.Utf8}, orient="row")
+
+
+def best_earlier(vectors: np.ndarray, ts: np.ndarray, groups: np.ndarray, ttls_us) -> np.ndarray:
+    """For each row i (processing order) and each TTL, the largest cosine with an
+    earlier row of the same group at most the TTL before; -inf where there is
+    none. float32 [TTL, n]. Rows of zero vectors (no text) neither match nor are matched."""
+    n = len(ts)
+    best = np.full((len(ttls_us), n), -np.inf, dtype=np.float32)
+    has_text = np.linalg.norm(vectors, axis=1) > 0 if n else np.zeros(0, dtype=bool)
+    for g in np.unique(groups):
+        rows = np.flatnonzero((groups == g) & has_text)  # (processing order is kept)
+        v, t = vectors[rows], ts[rows]
+        for start in range(1, len(rows), ROWS_PER_BLOCK):
+            end = min(start + ROWS_PER_BLOCK, len(rows))
+            sims = v[start:end] @ v[:end].T  # [block, earlier-or-self]
+            gap = t[start:end, None] - t[None, :end]
+            earlier = np.arange(end)[None, :] < np.arange(start, end)[:, None]
+            for ti, ttl in enumerate(ttls_us):
+                masked = np.where(earlier & (gap <= ttl), sims, -np.inf)
+                best[ti, rows[start:end]] = masked.max(axis=1)
+    return best
+
+
+def near_duplicates(con, ttls=(math.inf,), streams=("tenant",), thresholds=THRESHOLDS, embed=None,
+                    tokenizer=None) -> pl.DataFrame:
+    """Near-duplicate rows (:data:`SCHEMA`) per stream mode, TTL and threshold;
+    ``embed`` (texts → unit vectors) defaults to :func:`load_embedder`'s model."""
+    embed = embed or load_embedder()
+    df = turns(con, tokenizer)
+    n = len(df)
+    texts = df["text"].to_list()
+    unique = sorted({t for t in texts if t})
+    index = {t: i for i, t in enumerate(unique)}
+    vecs = embed(unique) if unique else np.zeros((0, 1), dtype=np.float32)
+    dim = vecs.shape[1] if len(vecs) else 1
+    vectors = np.zeros((n, dim), dtype=np.float32)
+    for i, t in enumerate(texts):
+        if t:
+            vectors[i] = vecs[index[t]]
+    ts = df["ts"].to_numpy()
+    ttl_list = [ttl_us(t) for t in ttls]
+    rows = []
+    for mode in check_modes(streams):
+        keys = [f"{stream_key(mode, r[0], r[1], r[2])}\x00{r[3]}" for r in
+                df.select(["tenant", "key", "session", "model"]).iter_rows()]
+        _, groups = np.unique(np.array(keys, dtype=object), return_inverse=True) if n else (None, np.zeros(0, int))
+        best = best_earlier(vectors, ts, groups, ttl_list)
+        for ti, t in enumerate(ttls):
+            for th in thresholds:
+                near = int((best[ti] >= np.float32(th) - 1e-6).sum())
+                rows.append((mode, None if t == math.inf else float(t), float(th), n, near,
+                             near / n if n else 0.0, None, None))
+    return pl.DataFrame(rows, schema=SCHEMA, orient="row")
