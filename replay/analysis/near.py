@@ -3,8 +3,10 @@
 A request is a near duplicate under (τ, θ) when the embedding of its last user
 turn has cosine ≥ θ with that of an earlier request of the same cache (stream
 key and model) at most τ before it (integer µs; a gap of exactly τ counts;
-processing order). Exact duplicates count too (cosine 1). Requests whose last
-user turn has no text (block traces, tool-only turns) are counted, never near.
+processing order). Exact duplicates count too (cosine 1). The last user turn
+is its text parts (tool results' text when it has nothing else), its first
+2,000 characters: a query, not a tool's whole output. Requests whose last user
+turn has no text (block traces) are counted, never near.
 
 The embedding model ships inside a package and runs offline on CPU (the
 ``semantic`` extra): WordLlama's ``l2_supercat`` (256-dimensional static token
@@ -38,6 +40,7 @@ THRESHOLDS = (0.80, 0.85, 0.90, 0.95, 0.99)
 MODEL_NAME = "wordllama l2_supercat_256 (static token embeddings, English-centric)"
 ROWS_PER_BLOCK = 256  # rows of the similarity matrix computed at once
 BODIES_PER_QUERY = 200
+TEXT_CHARS = 2_000  # of the last user turn embedded: a query, not a tool's whole output
 WARNING = ("raw embedding similarity: published audits found only a small fraction of such 'hits' reusable "
            "when judged (about 2 % at 0.90 on LMSYS-Chat, Quora and MOSS); label a sample before trusting it")
 
@@ -113,7 +116,7 @@ def turns(con, tokenizer=None) -> pl.DataFrame:
                 body = json.loads(bodies.get(rid) or "null")
             except ValueError:
                 body = None
-            text = last_user_text(body) if isinstance(body, dict) else ""
+            text = last_user_text(body)[:TEXT_CHARS] if isinstance(body, dict) else ""
             rows.append(tuple(col[k] for col in meta) + (text,))
     return pl.DataFrame(rows, schema={"ts": pl.Int64, "tenant": pl.Utf8, "key": pl.Utf8, "session": pl.Utf8,
                                       "model": pl.Utf8, "text": pl.Utf8}, orient="row")
@@ -127,17 +130,34 @@ def best_earlier(vectors: np.ndarray, ts: np.ndarray, groups: np.ndarray, ttls_u
     best = np.full((len(ttls_us), n), -np.inf, dtype=np.float32)
     has_text = np.linalg.norm(vectors, axis=1) > 0 if n else np.zeros(0, dtype=bool)
     for g in np.unique(groups):
-        rows = np.flatnonzero((groups == g) & has_text)  # (processing order is kept)
+        rows = np.flatnonzero((groups == g) & has_text)  # (processing order: times ascending)
         v, t = vectors[rows], ts[rows]
-        for start in range(1, len(rows), ROWS_PER_BLOCK):
+        for start in range(0, len(rows), ROWS_PER_BLOCK):
             end = min(start + ROWS_PER_BLOCK, len(rows))
-            sims = v[start:end] @ v[:end].T  # [block, earlier-or-self]
-            gap = t[start:end, None] - t[None, :end]
-            earlier = np.arange(end)[None, :] < np.arange(start, end)[:, None]
-            for ti, ttl in enumerate(ttls_us):
-                masked = np.where(earlier & (gap <= ttl), sims, -np.inf)
-                best[ti, rows[start:end]] = masked.max(axis=1)
+            best[:, rows[start:end]] = _block_best(v, t, start, end, ttls_us)
     return best
+
+
+def _block_best(v: np.ndarray, t: np.ndarray, start: int, end: int, ttls_us) -> np.ndarray:
+    """Rows start..end-1 of one group against their earlier rows: only the
+    columns some TTL's window can reach are multiplied (a row's window starts no
+    earlier than the block's first row's), and a gap is checked only where a
+    TTL's window does not hold it whole."""
+    lows = [0 if ttl >= t[end - 1] - t[0] else int(np.searchsorted(t, t[start] - ttl, side="left"))
+            for ttl in ttls_us]
+    lo = min(lows)
+    sims = v[start:end] @ v[lo:end].T  # [block, columns lo..end-1]
+    diag = sims[:, start - lo:]
+    diag[np.arange(end - start)[:, None] <= np.arange(end - start)[None, :]] = -np.inf  # (only earlier rows)
+    out = np.full((len(ttls_us), end - start), -np.inf, dtype=np.float32)
+    for ti, (ttl, low) in enumerate(zip(ttls_us, lows)):
+        part = sims[:, low - lo:]
+        if part.shape[1] == 0:
+            continue
+        if t[end - 1] - t[low] > ttl:  # some pair in the window is too far apart
+            part = np.where(t[start:end, None] - t[None, low:end] <= ttl, part, -np.inf)
+        out[ti] = part.max(axis=1)
+    return out
 
 
 def near_duplicates(con, ttls=(math.inf,), streams=("tenant",), thresholds=THRESHOLDS, embed=None,
