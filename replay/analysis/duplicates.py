@@ -22,6 +22,7 @@ import math
 
 import polars as pl
 
+from replay.analysis.labels import with_labels
 from replay.analysis.near import MODEL_NAME, WARNING, SemanticMissing, near_duplicates
 from replay.analysis.whatif import FIXES, normalized_copy
 from replay.core.prompts import iter_prompts
@@ -120,14 +121,20 @@ def _near_lines(con, n: int, ttls, streams, tokenizer) -> list[str]:
         return head + [f"_Not computed in the report above {REPORT_NEAR_MAX:,} requests (the search compares "
                        "every pair within the TTL): run `replay duplicates` on the log._", ""]
     try:
-        near = near_duplicates(con, ttls=ttls, streams=streams, thresholds=REPORT_THRESHOLDS, tokenizer=tokenizer)
+        near = with_labels(con, near_duplicates(con, ttls=ttls, streams=streams, thresholds=REPORT_THRESHOLDS,
+                                                tokenizer=tokenizer), tokenizer=tokenizer)
     except SemanticMissing as e:
         return head + [f"_Not computed: {e}._", ""]
     lines = head + [f"**Warning — {WARNING}.** Last user turn embedded with {MODEL_NAME}.", "",
                     "| stream | TTL | " + " | ".join(f"cosine ≥ {t:.2f}" for t in REPORT_THRESHOLDS) + " |",
                     "|---|---|" + "---:|" * len(REPORT_THRESHOLDS)]
     for (stream, ttl), part in near.group_by(["stream", "ttl_s"], maintain_order=True):
-        shares = {r["threshold"]: r["near_share"] for r in part.iter_rows(named=True)}
+        cells = {r["threshold"]: f"{100 * r['near_share']:.1f} %" + (
+            "" if r["adjusted_share"] is None else f" (labelled: {100 * r['adjusted_share']:.1f} %)")
+            for r in part.iter_rows(named=True)}
         lines.append(f"| {stream} | {format_ttl(math.inf if ttl is None else ttl)} | " +
-                     " | ".join(f"{100 * shares[t]:.1f} %" for t in REPORT_THRESHOLDS) + " |")
-    return lines + [""]
+                     " | ".join(cells[t] for t in REPORT_THRESHOLDS) + " |")
+    labelled = near["adjusted_share"].is_not_null().any()
+    return lines + ["", "Labelled: the share after `replay duplicates label-import` (each similarity band weighted "
+                    "by the share of its labelled pairs judged reusable)." if labelled else
+                    "_No labels yet: `replay duplicates label-export`, label, then `label-import`._", ""]

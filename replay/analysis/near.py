@@ -99,8 +99,8 @@ def last_user_text(body: dict) -> str:
 
 
 def turns(con, tokenizer=None) -> pl.DataFrame:
-    """One row per replayable request in processing order: ts, tenant, key,
-    session, model and the last user turn's text."""
+    """One row per replayable request in processing order: request_id, ts,
+    tenant, key, session, model and the last user turn's text."""
     prepare(con, modes=(), tokenizer=tokenizer)
     rows = []
     # (small chunks: an agent's body can be 100 KB, and DuckDB's memory is capped)
@@ -117,25 +117,29 @@ def turns(con, tokenizer=None) -> pl.DataFrame:
             except ValueError:
                 body = None
             text = last_user_text(body)[:TEXT_CHARS] if isinstance(body, dict) else ""
-            rows.append(tuple(col[k] for col in meta) + (text,))
-    return pl.DataFrame(rows, schema={"ts": pl.Int64, "tenant": pl.Utf8, "key": pl.Utf8, "session": pl.Utf8,
-                                      "model": pl.Utf8, "text": pl.Utf8}, orient="row")
+            rows.append((rid,) + tuple(col[k] for col in meta) + (text,))
+    return pl.DataFrame(rows, schema={"request_id": pl.Int64, "ts": pl.Int64, "tenant": pl.Utf8, "key": pl.Utf8,
+                                      "session": pl.Utf8, "model": pl.Utf8, "text": pl.Utf8}, orient="row")
 
 
-def best_earlier(vectors: np.ndarray, ts: np.ndarray, groups: np.ndarray, ttls_us) -> np.ndarray:
+def best_earlier(vectors: np.ndarray, ts: np.ndarray, groups: np.ndarray, ttls_us, partners: bool = False):
     """For each row i (processing order) and each TTL, the largest cosine with an
     earlier row of the same group at most the TTL before; -inf where there is
-    none. float32 [TTL, n]. Rows of zero vectors (no text) neither match nor are matched."""
+    none. float32 [TTL, n]. Rows of zero vectors (no text) neither match nor are
+    matched. With ``partners``, also that earlier row (int64 [TTL, n], -1: none)."""
     n = len(ts)
     best = np.full((len(ttls_us), n), -np.inf, dtype=np.float32)
+    partner = np.full((len(ttls_us), n), -1, dtype=np.int64)
     has_text = np.linalg.norm(vectors, axis=1) > 0 if n else np.zeros(0, dtype=bool)
     for g in np.unique(groups):
         rows = np.flatnonzero((groups == g) & has_text)  # (processing order: times ascending)
         v, t = vectors[rows], ts[rows]
         for start in range(0, len(rows), ROWS_PER_BLOCK):
             end = min(start + ROWS_PER_BLOCK, len(rows))
-            best[:, rows[start:end]] = _block_best(v, t, start, end, ttls_us)
-    return best
+            b, arg = _block_best(v, t, start, end, ttls_us)
+            best[:, rows[start:end]] = b
+            partner[:, rows[start:end]] = np.where(arg >= 0, rows[np.maximum(arg, 0)], -1)
+    return (best, partner) if partners else best
 
 
 def _block_best(v: np.ndarray, t: np.ndarray, start: int, end: int, ttls_us) -> np.ndarray:
@@ -150,40 +154,53 @@ def _block_best(v: np.ndarray, t: np.ndarray, start: int, end: int, ttls_us) -> 
     diag = sims[:, start - lo:]
     diag[np.arange(end - start)[:, None] <= np.arange(end - start)[None, :]] = -np.inf  # (only earlier rows)
     out = np.full((len(ttls_us), end - start), -np.inf, dtype=np.float32)
+    arg = np.full((len(ttls_us), end - start), -1, dtype=np.int64)
     for ti, (ttl, low) in enumerate(zip(ttls_us, lows)):
         part = sims[:, low - lo:]
         if part.shape[1] == 0:
             continue
         if t[end - 1] - t[low] > ttl:  # some pair in the window is too far apart
             part = np.where(t[start:end, None] - t[None, low:end] <= ttl, part, -np.inf)
-        out[ti] = part.max(axis=1)
-    return out
+        k = part.argmax(axis=1)
+        out[ti] = part[np.arange(len(k)), k]
+        arg[ti] = np.where(np.isfinite(out[ti]), low + k, -1)
+    return out, arg
+
+
+def embed_turns(df: pl.DataFrame, embed) -> np.ndarray:
+    """Each turn's unit vector (each distinct text embedded once; zeros: no text)."""
+    texts = df["text"].to_list()
+    unique = sorted({t for t in texts if t})
+    index = {t: i for i, t in enumerate(unique)}
+    vecs = embed(unique) if unique else np.zeros((0, 1), dtype=np.float32)
+    vectors = np.zeros((len(texts), vecs.shape[1] if len(vecs) else 1), dtype=np.float32)
+    for i, t in enumerate(texts):
+        if t:
+            vectors[i] = vecs[index[t]]
+    return vectors
+
+
+def cache_groups(df: pl.DataFrame, mode: str) -> np.ndarray:
+    """Each turn's cache (stream key under ``mode``, and model) as an integer."""
+    if not len(df):
+        return np.zeros(0, dtype=np.int64)
+    keys = [f"{stream_key(mode, a, b, c)}\x00{d}" for a, b, c, d in
+            df.select(["tenant", "key", "session", "model"]).iter_rows()]
+    return np.unique(np.array(keys, dtype=object), return_inverse=True)[1]
 
 
 def near_duplicates(con, ttls=(math.inf,), streams=("tenant",), thresholds=THRESHOLDS, embed=None,
                     tokenizer=None) -> pl.DataFrame:
     """Near-duplicate rows (:data:`SCHEMA`) per stream mode, TTL and threshold;
     ``embed`` (texts → unit vectors) defaults to :func:`load_embedder`'s model."""
-    embed = embed or load_embedder()
     df = turns(con, tokenizer)
     n = len(df)
-    texts = df["text"].to_list()
-    unique = sorted({t for t in texts if t})
-    index = {t: i for i, t in enumerate(unique)}
-    vecs = embed(unique) if unique else np.zeros((0, 1), dtype=np.float32)
-    dim = vecs.shape[1] if len(vecs) else 1
-    vectors = np.zeros((n, dim), dtype=np.float32)
-    for i, t in enumerate(texts):
-        if t:
-            vectors[i] = vecs[index[t]]
+    vectors = embed_turns(df, embed or load_embedder())
     ts = df["ts"].to_numpy()
     ttl_list = [ttl_us(t) for t in ttls]
     rows = []
     for mode in check_modes(streams):
-        keys = [f"{stream_key(mode, r[0], r[1], r[2])}\x00{r[3]}" for r in
-                df.select(["tenant", "key", "session", "model"]).iter_rows()]
-        _, groups = np.unique(np.array(keys, dtype=object), return_inverse=True) if n else (None, np.zeros(0, int))
-        best = best_earlier(vectors, ts, groups, ttl_list)
+        best = best_earlier(vectors, ts, cache_groups(df, mode), ttl_list)
         for ti, t in enumerate(ttls):
             for th in thresholds:
                 near = int((best[ti] >= np.float32(th) - 1e-6).sum())

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from replay.cli import analysis, commands
+from replay.cli import analysis, commands, duplicates
 from replay.store.schema import OldDatabase
 
 
@@ -39,7 +39,7 @@ def main():
 
 for _command in (commands.ingest, commands.tokenize, commands.sweep, commands.run, commands.report,
                  commands.profiles_cmd, commands.synth, analysis.diagnose, analysis.whatif, analysis.diff,
-                 analysis.validate, analysis.capacity, analysis.duplicates):
+                 analysis.validate, analysis.capacity, duplicates.duplicates):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover
