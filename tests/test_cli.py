@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from replay.cli.main import main
@@ -108,3 +109,28 @@ def test_report_survives_a_failing_section_and_bounds_the_why_miss_work(tmp_path
     assert "| timestamp |" in text and "not computed in the report above 10 requests" in text
     monkeypatch.setattr(diagnose, "REPORT_DIAGNOSE_MAX", 10)
     assert "Not computed in the report for a log of 268 requests" in diagnose.why_miss_section(con, tmp_path)
+
+
+@pytest.mark.parametrize("command", [["ingest"], ["sweep"], ["run"], ["diagnose"], ["capacity"], ["duplicates"],
+                                     ["duplicates", "label-export"]])
+def test_a_missing_path_is_a_usage_error_not_a_traceback(tmp_path, command):
+    for bad in (str(tmp_path / "nonexistent.jsonl"), str(tmp_path / "nomatch*.jsonl")):
+        res = CliRunner().invoke(main, command + [bad, "--db", str(tmp_path / "x.duckdb")])
+        assert res.exit_code == 2, res.output
+        assert isinstance(res.exception, SystemExit) and "Traceback" not in res.output
+        assert "give log files" in res.output
+
+
+def test_ingest_json_accounts_for_every_line(tmp_path):
+    log = tmp_path / "mixed.jsonl"
+    good = json.loads((SAMPLE / "chat-openai.jsonl").read_text().splitlines()[0])
+    log.write_text(json.dumps(good) + "\n{not json\n" + json.dumps({"timestamp": 1}) + "\n")
+    res = CliRunner().invoke(main, ["ingest", str(log), "--db", str(tmp_path / "x.duckdb"), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out) == {"files", "lines", "loaded", "rejected", "skipped_files", "by_reason"}
+    assert (out["files"], out["lines"], out["loaded"], out["rejected"], out["skipped_files"]) == (1, 3, 1, 2, 0)
+    assert sum(out["by_reason"].values()) == 2
+    again = json.loads(CliRunner().invoke(main, ["ingest", str(log), "--db", str(tmp_path / "x.duckdb"),
+                                                 "--json"]).stdout)
+    assert (again["skipped_files"], again["loaded"], again["lines"]) == (1, 0, 0)

@@ -15,13 +15,19 @@ from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_op
 @click.argument("logs", nargs=-1, required=True)
 @db_option
 @ingest_options
-def ingest(logs, db_path, fmt, fields, time_unit, tokenizer):
+@click.option("--json", "as_json", is_flag=True,
+              help="Print exactly a JSON object: files, lines, loaded, rejected, skipped_files, by_reason.")
+def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
     """Load LOGS (files, globs or directories) into the database.
 
     Every line is either loaded or set aside in the `rejects` table with its
     reason; re-ingesting a file already loaded does nothing.
     """
-    load_logs(api.open_db(db_path), logs, fmt, fields, time_unit)
+    def report(s):
+        click.echo(json.dumps({"files": s.files, "lines": s.lines, "loaded": s.loaded, "rejected": s.rejected,
+                               "skipped_files": s.skipped_files, "by_reason": dict(s.rejected_by_reason)}))
+
+    load_logs(api.open_db(db_path), logs, fmt, fields, time_unit, quiet=as_json, report=report if as_json else None)
 
 
 @click.command()

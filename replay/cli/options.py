@@ -110,12 +110,20 @@ def grid(ttls, blocks, mins, streams) -> api.Grid:
         raise click.BadParameter(str(e)) from None
 
 
-def load_logs(con, logs, fmt, fields, time_unit, quiet=False, tokenizer=None) -> None:
-    """Ingest ``logs`` (when given) and make sure the database holds requests."""
+def load_logs(con, logs, fmt, fields, time_unit, quiet=False, tokenizer=None, report=None) -> None:
+    """Ingest ``logs`` (when given) and make sure the database holds requests;
+    ``report`` (when given) receives the ingest summary before that check."""
     if logs:
-        summary = api.ingest(con, logs, format=fmt, fields=fields, time_unit=time_unit, progress=not quiet,
-                             tokenizer=tokenizer)
-        if not quiet or summary.rejected:
+        try:
+            summary = api.ingest(con, logs, format=fmt, fields=fields, time_unit=time_unit, progress=not quiet,
+                                 tokenizer=tokenizer)
+        except FileNotFoundError as e:  # a path or glob typed wrong: usage, exit 2
+            raise click.UsageError(f"{e.args[0] if e.args else e} (give log files, directories or globs)") from None
+        except PermissionError as e:
+            raise click.ClickException(f"cannot read {e.filename or e}: permission denied") from None
+        if report is not None:
+            report(summary)
+        elif not quiet or summary.rejected:
             click.echo(api.summary_text(summary), err=True)
         if summary.loaded == 0 and summary.skipped_files == 0:
             raise click.ClickException("nothing could be loaded from the given logs")
