@@ -406,13 +406,13 @@ def slow_hash(request, monkeypatch):
     if request.param:
         import replay.readers.ingest as ingest_mod
 
-        real = ingest_mod.file_sha256
+        real = ingest_mod.file_keys
 
         def slow(path):
             time.sleep(0.2)
             return real(path)
 
-        monkeypatch.setattr(ingest_mod, "file_sha256", slow)
+        monkeypatch.setattr(ingest_mod, "file_keys", slow)
     return request.param
 
 
@@ -808,3 +808,19 @@ def test_a_failure_on_the_database_thread_stops_the_ingest_cleanly(con, tmp_path
     check_reconciles(con, s)
     assert (s.skipped_files, s.loaded) == (1, 6)
     assert con.execute("SELECT count(*), count(DISTINCT request_id) FROM requests").fetchone() == (9, 9)
+
+
+def test_a_log_and_its_compressed_copies_are_one_file(con, tmp_path, slow_hash):
+    """Log rotation leaves x.jsonl beside x.jsonl.gz (and .zst): loaded once, in
+    either order, the others skipped; a damaged archive is still read (and
+    its damage reported), not taken for the log."""
+    plain = write_jsonl(tmp_path / "x.jsonl", [anthropic_wrapped(ts=i) for i in range(3)])
+    data = plain.read_bytes()
+    (tmp_path / "x.jsonl.gz").write_bytes(gzip.compress(data))
+    (tmp_path / "x.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    s = ingest(con, [str(tmp_path / "x.jsonl.gz"), str(tmp_path / "x.jsonl"), str(tmp_path / "x.jsonl.zst")])
+    check_reconciles(con, s)
+    assert (s.files, s.skipped_files, s.loaded) == (3, 2, 3)
+    (tmp_path / "y.jsonl.gz").write_bytes(gzip.compress(data)[:-12])  # truncated: not the same content
+    s = ingest(con, [str(tmp_path / "y.jsonl.gz")])
+    assert s.skipped_files == 0

@@ -14,6 +14,7 @@ import hashlib
 import io
 import json
 import os
+import zlib
 from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
@@ -86,12 +87,29 @@ class ReadError(Exception):
     """The file's bytes could not be read or decompressed."""
 
 
-def file_sha256(path: str) -> str:
+def _sha256(fh) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_keys(path: str) -> tuple[str, ...]:
+    """The keys a file is known by in ``sources``: the sha256 of its content once
+    decompressed, then, for a compressed file, of its raw bytes (what databases
+    keyed on before) — so a log and its compressed copy, as log rotation leaves
+    them side by side, are one file. A compressed file that cannot be
+    decompressed is known by its raw bytes (loading it reports the damage)."""
+    raw = _sha256(open(path, "rb"))
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic[:2] != b"\x1f\x8b" and magic != b"\x28\xb5\x2f\xfd":
+        return (raw,)
+    try:
+        return (_sha256(open_binary(path)), raw)
+    except (OSError, EOFError, zlib.error, zstandard.ZstdError):
+        return (raw,)
 
 
 def open_binary(path: str) -> io.BufferedIOBase:

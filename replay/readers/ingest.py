@@ -3,8 +3,8 @@
 Every input unit (a JSONL line, a JSON-array element, a parquet row, a
 trajectory's assistant turn) is either loaded into `requests` or recorded in
 `rejects`, so `lines == loaded + rejected` for every new file. A file whose
-raw bytes (sha256) are already in `sources` is skipped, so re-ingesting never
-duplicates. Each file is loaded in one transaction (all or nothing); rows are
+content (sha256, decompressed: a log and its compressed copy are one file) is
+already in `sources` is skipped, so re-ingesting never duplicates. Each file is loaded in one transaction (all or nothing); rows are
 inserted in Arrow batches.
 
 This module is the entry point (`ingest`): sources, hashes and transactions.
@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 
 from replay.readers.blobs import Blobs
-from replay.readers.files import ReadError, describe_error, expand_paths, file_sha256
+from replay.readers.files import ReadError, describe_error, expand_paths, file_keys
 from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_fields
 from replay.readers.loader import FileIngest, FileStats
 from replay.readers.writer import Writer
@@ -145,7 +145,7 @@ class _Run:
         # new path).
         self.known_paths = {r[0] for r in con.execute("SELECT path FROM sources").fetchall()}
         self.hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-sha256")
-        self.hashes = {path: self.hasher.submit(file_sha256, path) for path in dict.fromkeys(files)}
+        self.hashes = {path: self.hasher.submit(file_keys, path) for path in dict.fromkeys(files)}
 
     def file(self, path: str) -> None:
         """One file: skipped when its hash is known, else loaded in a transaction of its own."""
@@ -202,16 +202,18 @@ class _Run:
         return sha, stats, job.next_id if used_ids else None
 
     def _new_sha(self, path: str, fut: Future, begun: bool) -> str | None:
-        """The file's sha256; None when it cannot be hashed or is already in `sources`
-        (counted, and the file's transaction rolled back when ``begun``)."""
+        """The file's key (its content's sha256: :func:`file_keys`); None when it
+        cannot be hashed or is already in `sources` under any of its keys (counted,
+        and the file's transaction rolled back when ``begun``)."""
         try:
-            sha = fut.result()
+            keys = fut.result()
         except OSError as e:
             if begun:
                 self._roll_back()
             self._unreadable(path, e)
             return None
-        if sha in self.known:
+        sha = keys[0]
+        if any(k in self.known for k in keys):
             if begun:
                 self._roll_back()
             self.summary.skipped_files += 1
