@@ -49,8 +49,8 @@ def duplicates():
 @click.option("--no-near", is_flag=True, help="Skip near duplicates (the embedding model).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print exactly a JSON object: exact (rows), near (rows, or null), model.")
-def rates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, thresholds, no_normalized,
-               no_near, as_json):
+def rates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, thresholds, no_normalized, no_near,
+          as_json):
     """Exact and near duplicates: what a response cache and a semantic cache could answer.
 
     \b
@@ -61,7 +61,9 @@ def rates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, thres
     Near: the last user turn's embedding (a packaged, offline, English-centric
     model: the semantic extra) within cosine THRESHOLD of an earlier one of the
     stream within TTL. Raw near rates overstate what a semantic cache could
-    safely answer: label a sample before trusting them.
+    safely answer: label a sample before trusting them (label-export, then
+    label-import: the near rows then carry labelled_precision and
+    adjusted_share for the stream mode and TTL the pairs were drawn at).
     """
     con = api.open_db(db_path)
     load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
