@@ -144,3 +144,25 @@ def test_a_tokenizer_directory_without_a_tokenizer_is_a_usage_error(tmp_path, co
     res = CliRunner().invoke(main, command + ["--db", str(tmp_path / "x.duckdb"), "--tokenizer", str(empty)])
     assert res.exit_code == 2, res.output
     assert isinstance(res.exception, SystemExit) and "no tokenizer.json" in res.output
+
+
+def test_a_database_held_by_another_process_is_a_clear_error(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    db = tmp_path / "held.duckdb"
+    ready = tmp_path / "ready"
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, pathlib, time; c = duckdb.connect({str(db)!r}); "
+                               f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)"])
+    try:
+        for _ in range(200):
+            if ready.exists():
+                break
+            time.sleep(0.05)
+        res = CliRunner().invoke(main, ["sweep", str(SAMPLE), "--db", str(db)])
+        assert res.exit_code == 1, res.output
+        assert "in use by another process" in res.output and isinstance(res.exception, SystemExit)
+    finally:
+        holder.kill()
+        holder.wait()

@@ -11,6 +11,7 @@ import sys
 import click
 
 from replay.cli import analysis, commands, duplicates
+from replay.store.db import DatabaseInUse
 from replay.store.schema import OldDatabase
 
 
@@ -20,7 +21,7 @@ class _Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except OldDatabase as e:
+        except (OldDatabase, DatabaseInUse) as e:
             raise click.ClickException(str(e)) from None
 
 

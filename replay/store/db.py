@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,6 +16,10 @@ from replay.store import schema
 DEFAULT_DB = "data/replay.duckdb"
 
 
+class DatabaseInUse(RuntimeError):
+    """Another process holds the database file."""
+
+
 def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) the database and make sure every table exists.
 
@@ -24,7 +29,15 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
         con = duckdb.connect(":memory:")
     else:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        con = duckdb.connect(str(path))
+        try:
+            con = duckdb.connect(str(path))
+        except duckdb.IOException as e:
+            if "lock" in str(e).lower():  # DuckDB allows one writing process per file
+                holder = re.search(r"\(PID (\d+)\)", str(e))
+                raise DatabaseInUse(f"the database {path} is in use by another process"
+                                    + (f" (PID {holder.group(1)})" if holder else "")
+                                    + ": wait for it to finish, or give another --db") from None
+            raise
     # DuckDB keeps up to 80 % of RAM as buffer cache by default; the stages stream,
     # so a modest cap keeps the process's memory about the work, not the file size.
     con.execute(f"SET memory_limit = '{os.environ.get('REPLAY_DUCKDB_MEMORY', '128MB')}'")
