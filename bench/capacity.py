@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from pipeline import TTLS, _calibration_s, _TreePeak  # noqa: E402
+from pipeline import TTLS, _calibration_s, _TreePeak, run_stage  # noqa: E402
 
 KEY = ("block", "ttl_s", "replicas", "capacity_blocks")
 
@@ -51,25 +50,17 @@ def _grid(args: dict, capacities=("auto",), sample_rate=None, seed=0):
                         sample_rate=sample_rate, seed=seed)
 
 
-def stage_exact(args: dict) -> dict:
+def stage_capacity(args: dict) -> dict:
+    """The grid through ``replay.api.capacity``: ``auto`` capacities exactly, or,
+    with ``rate``, the given ``capacities`` sampled."""
     from replay import api
 
     con = api.open_db(args["db"])
+    grid = _grid(args) if args.get("rate") is None else \
+        _grid(args, [str(c) for c in args["capacities"]], args["rate"], args["seed"])
     tree = _TreePeak()
     t0 = time.perf_counter()
-    df = api.capacity(con, _grid(args), progress=False)
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "peak_rss_mb": tree.stop(), "rows": df.to_dicts()}
-
-
-def stage_sampled(args: dict) -> dict:
-    from replay import api
-
-    con = api.open_db(args["db"])
-    tree = _TreePeak()
-    t0 = time.perf_counter()
-    df = api.capacity(con, _grid(args, [str(c) for c in args["capacities"]], args["rate"], args["seed"]),
-                      progress=False)
+    df = api.capacity(con, grid, progress=False)
     seconds = time.perf_counter() - t0
     return {"seconds": seconds, "peak_rss_mb": tree.stop(), "rows": df.to_dicts()}
 
@@ -105,12 +96,7 @@ def stage_naive(args: dict) -> dict:
 
 
 def _sub(stage: str, **kw) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_stage", stage, "--_args", json.dumps(kw)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"stage {stage} failed (exit {proc.returncode})")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_stage(__file__, stage, **kw)
 
 
 def _keyed(rows) -> dict:
@@ -155,7 +141,7 @@ def main() -> None:
     ap.add_argument("--_args", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a._stage:
-        print(json.dumps({"exact": stage_exact, "naive": stage_naive, "sampled": stage_sampled}[a._stage](
+        print(json.dumps({"capacity": stage_capacity, "naive": stage_naive}[a._stage](
             json.loads(a._args))))
         return
     if not a.db:
@@ -165,9 +151,9 @@ def main() -> None:
     args = {"db": a.db, "blocks": [int(b) for b in a.blocks.split(",")],
             "replicas": [int(r) for r in a.replicas.split(",")], "ttls": list(TTLS) + [math.inf]}
     out = {"calibration_loop_s": _calibration_s()}
-    exact = _sub("exact", **args)
+    exact = _sub("capacity", **args)
     out["exact"] = {k: exact[k] for k in ("seconds", "peak_rss_mb")}
-    finite = _sub("exact", **dict(args, ttls=list(TTLS)))
+    finite = _sub("capacity", **dict(args, ttls=list(TTLS)))
     out["exact_preset_ttls"] = {k: finite[k] for k in ("seconds", "peak_rss_mb")}
     # (rows at the capacities both grids have: under a horizon the working set
     # counts a block forgotten and used again twice, so ``auto`` spans a little further)
@@ -194,7 +180,7 @@ def main() -> None:
     small = math.ceil(sampled.EXACT_SAMPLED_BLOCKS / a.sample_rate)
     runs = []
     for seed in range(a.seeds):
-        s = _sub("sampled", capacities=caps, rate=a.sample_rate, seed=seed, **args)
+        s = _sub("capacity", capacities=caps, rate=a.sample_rate, seed=seed, **args)
         runs.append({"seed": seed, "seconds": s["seconds"], "peak_rss_mb": s["peak_rss_mb"],
                      **_errors(by_key, s["rows"], small)})
     out["sampled"] = {"rate": a.sample_rate, "exact_below_blocks": small, "runs": runs,

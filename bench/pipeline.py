@@ -220,7 +220,13 @@ def stage_unique(logs: str, dbfile: str, ttls=TTLS) -> dict:
 
 def _sub(stage: str, **kw) -> dict:
     """Run one stage in a fresh interpreter; return its JSON result."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_stage", stage, "--_args", json.dumps(kw)]
+    return run_stage(__file__, stage, **kw)
+
+
+def run_stage(script: str, stage: str, **kw) -> dict:
+    """Run ``script --_stage STAGE --_args JSON`` in a fresh interpreter; return
+    the JSON its last line prints (the benches' way of measuring a stage alone)."""
+    cmd = [sys.executable, str(Path(script).resolve()), "--_stage", stage, "--_args", json.dumps(kw)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr)
