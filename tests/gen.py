@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from replay.core.oracle import OracleRequest
 
 US = 1_000_000
@@ -38,3 +40,13 @@ def random_requests(seed: int, n: int, alphabet: int = 5, max_len: int = 40,
 
 #: TTLs (µs) the oracle tests sweep: gaps of the generator fall exactly on them
 TTLS_US = tuple(s * US for s in (0, 1, 2, 5, 10, 30)) + (2**63 - 1,)
+
+
+def use_engine(request, monkeypatch, module, what: str) -> str:
+    """For a fixture parametrized by engine: "compiled" runs with ``module``'s
+    compiled part (skipped where it is not built), any other value without it."""
+    if request.param == "compiled" and module._compiled is None:
+        pytest.skip(f"the compiled {what} is not built here")
+    if request.param != "compiled":
+        monkeypatch.setattr(module, "_compiled", None)
+    return request.param

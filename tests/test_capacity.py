@@ -20,18 +20,14 @@ from replay.core.streams import stream_key
 from replay.core.times import INF_US
 from replay.providers import kv
 
-from gen import TTLS_US, US, random_requests
+from gen import TTLS_US, US, random_requests, use_engine
 from test_end_to_end import _write_tokens_log
 
 
 @pytest.fixture(autouse=True, params=["compiled", "python"])
 def counts_engine(request, monkeypatch):
     """Every test here records and counts compiled and in Python."""
-    if request.param == "compiled" and cap._compiled is None:
-        pytest.skip("the compiled capacity pass is not built here")
-    if request.param == "python":
-        monkeypatch.setattr(cap, "_compiled", None)
-    return request.param
+    return use_engine(request, monkeypatch, cap, "capacity pass")
 
 
 def _prompts(reqs):

@@ -15,7 +15,7 @@ from replay.core import sampled
 from replay.core.prompts import iter_prompts
 from replay.core.times import INF_US
 
-from gen import US, random_requests
+from gen import US, random_requests, use_engine
 from test_cli import SAMPLE
 from test_end_to_end import _write_tokens_log
 from test_simulate import _prompts
@@ -23,11 +23,7 @@ from test_simulate import _prompts
 
 @pytest.fixture(params=["compiled", "python"])
 def engine(request, monkeypatch):
-    if request.param == "compiled" and sampled._compiled is None:
-        pytest.skip("the compiled distances are not built here")
-    if request.param == "python":
-        monkeypatch.setattr(sampled, "_compiled", None)
-    return request.param
+    return use_engine(request, monkeypatch, sampled, "sampled pass")
 
 
 def _stack_distances(ids, first):

@@ -18,7 +18,7 @@ from replay.core.times import INF_US, format_ttl, parse_ttl, ttl_us
 from replay.store import db
 from replay.store.walksets import StaleWalks
 
-from gen import random_requests
+from gen import random_requests, use_engine
 from test_trie import _prompts
 
 GRID = Grid(ttls=(0, 2, 5, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4),
@@ -30,10 +30,7 @@ COMPILED = hits_module._compiled
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def counts_engine(request, monkeypatch):
     """Every test here runs with the compiled kernel and with the numpy one."""
-    if request.param == "compiled" and COMPILED is None:
-        pytest.skip("the compiled hit kernel is not built here")
-    monkeypatch.setattr(hits_module, "_compiled", COMPILED if request.param == "compiled" else None)
-    return request.param
+    return use_engine(request, monkeypatch, hits_module, "hit kernel")
 
 
 def _store(con, reqs, modes=MODES, horizon_us=INF_US):
