@@ -47,14 +47,6 @@ def naive_best(vectors, ts, groups, ttls_us):
     return best
 
 
-def _groups(df, mode):
-    from replay.core.streams import stream_key
-
-    keys = [f"{stream_key(mode, a, b, c)}\x00{d}" for a, b, c, d in
-            df.select(["tenant", "key", "session", "model"]).iter_rows()]
-    return np.unique(np.array(keys, dtype=object), return_inverse=True)[1]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", required=True)
@@ -84,7 +76,7 @@ def main() -> None:
     ts, ttls = df["ts"].to_numpy(), [ttl_us(t) for t in TTLS]
     out["search_s"], identical, ratios = {}, True, {}
     for mode in MODES:
-        groups = _groups(df, mode)
+        groups = near.cache_groups(df, mode)
         t0 = time.perf_counter()
         near.best_earlier(vectors, ts, groups, ttls)
         out["search_s"][mode] = time.perf_counter() - t0

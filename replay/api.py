@@ -18,7 +18,7 @@ from replay.analysis.duplicates import duplicates_section, exact_duplicates  # n
 from replay.analysis.near import MODEL_NAME as NEAR_MODEL, THRESHOLDS as NEAR_THRESHOLDS  # noqa: F401
 from replay.analysis.near import WARNING as NEAR_WARNING, SemanticMissing, near_duplicates  # noqa: F401
 from replay.analysis.labels import audit_sample, candidate_pairs, read_labels, store_labels  # noqa: F401
-from replay.analysis.labels import stratified_sample, summarize as summarize_labels, with_labels, write_export  # noqa: F401
+from replay.analysis.labels import near_rates, stratified_sample, summarize as summarize_labels, write_export  # noqa: F401
 from replay.analysis.memory import memory_figures, memory_section, plot_memory  # noqa: F401
 from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
 from replay.analysis.overview import idle_gaps, overview  # noqa: F401

@@ -22,11 +22,11 @@ import math
 
 import polars as pl
 
-from replay.analysis.labels import with_labels
-from replay.analysis.near import MODEL_NAME, WARNING, SemanticMissing, near_duplicates
+from replay.analysis.labels import near_rates
+from replay.analysis.near import MODEL_NAME, WARNING, SemanticMissing, stream_keys
 from replay.analysis.whatif import FIXES, normalized_copy
 from replay.core.prompts import iter_prompts
-from replay.core.streams import check_modes, stream_key
+from replay.core.streams import check_modes
 from replay.core.times import format_ttl, ttl_us
 from replay.prepare import prepare
 
@@ -57,10 +57,7 @@ def exact_counts(digests: pl.DataFrame, ttls=(math.inf,), streams=("tenant",)) -
     rows = []
     n = len(digests)
     for mode in check_modes(streams):
-        keyed = digests.with_columns(
-            pl.struct(["tenant", "key", "session"]).map_elements(
-                lambda r, m=mode: stream_key(m, r["tenant"], r["key"], r["session"]), return_dtype=pl.Utf8
-            ).alias("stream") if n else pl.lit(None, dtype=pl.Utf8).alias("stream"))
+        keyed = digests.with_columns(stream_keys(digests, mode))
         # the most recent earlier request of the same cache with the same prompt
         gaps = keyed.with_columns(
             (pl.col("ts") - pl.col("ts").shift(1).over(["stream", "model", "digest"])).alias("gap"))
@@ -121,8 +118,7 @@ def _near_lines(con, n: int, ttls, streams, tokenizer) -> list[str]:
         return head + [f"_Not computed in the report above {REPORT_NEAR_MAX:,} requests (the search compares "
                        "every pair within the TTL): run `replay duplicates` on the log._", ""]
     try:
-        near = with_labels(con, near_duplicates(con, ttls=ttls, streams=streams, thresholds=REPORT_THRESHOLDS,
-                                                tokenizer=tokenizer), tokenizer=tokenizer)
+        near = near_rates(con, ttls=ttls, streams=streams, thresholds=REPORT_THRESHOLDS, tokenizer=tokenizer)
     except SemanticMissing as e:
         return head + [f"_Not computed: {e}._", ""]
     lines = head + [f"**Warning — {WARNING}.** Last user turn embedded with {MODEL_NAME}.", "",

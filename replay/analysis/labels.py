@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from replay.analysis.near import best_earlier, cache_groups, embed_turns, load_embedder, turns
-from replay.core.streams import stream_key
+from replay.analysis.near import (THRESHOLDS, best_earlier, cache_groups, embed_turns, load_embedder,
+                                  near_duplicates, stream_keys, turns)
 from replay.core.times import ttl_us
 from replay.store import db
 
@@ -63,7 +63,7 @@ def candidate_pairs(con, ttl: float = math.inf, mode: str = "tenant", embed=None
         "request_id": ids, "earlier_request_id": [int(ids[j]) if j >= 0 else None for j in p],
         "similarity": [float(s) if np.isfinite(s) else None for s in best[0]],
         "band": [band_of(float(s)) if np.isfinite(s) else None for s in best[0]],
-        "stream": [stream_key(mode, a, b, c) for a, b, c in df.select(["tenant", "key", "session"]).iter_rows()],
+        "stream": stream_keys(df, mode),
         "text": texts, "earlier_text": [texts[j] if j >= 0 else "" for j in p]},
         schema_overrides={"ttl_s": pl.Float64, "earlier_request_id": pl.Int64, "similarity": pl.Float64})
 
@@ -259,22 +259,19 @@ def stored_labels(con) -> pl.DataFrame | None:
     return pl.from_arrow(db.arrow(con, "SELECT * FROM near_labels"))
 
 
-def with_labels(con, near: pl.DataFrame, embed=None, tokenizer=None) -> pl.DataFrame:
-    """``near`` rows with ``labelled_precision`` and ``adjusted_share`` filled
-    where stored labels were drawn at the same stream mode and TTL."""
+def near_rates(con, ttls=(math.inf,), streams=("tenant",), thresholds=THRESHOLDS, embed=None,
+               tokenizer=None) -> pl.DataFrame:
+    """``near.near_duplicates``'s rows, with ``labelled_precision`` and
+    ``adjusted_share`` filled where stored labels were drawn at the row's
+    stream mode and TTL (from the same search: nothing is embedded twice)."""
     labels = stored_labels(con)
-    if labels is None or not len(labels) or not len(near):
-        return near
-    out = []
-    for (mode, ttl), part in near.group_by(["stream", "ttl_s"], maintain_order=True):
-        mine = labels.filter((pl.col("mode") == mode) & pl.col("ttl_s").eq_missing(ttl))
-        if len(mine):
-            pairs = candidate_pairs(con, math.inf if ttl is None else ttl, mode, embed, tokenizer)
-            sims = pairs["similarity"].fill_null(float("-inf")).to_numpy()
-            fig = {r["threshold"]: r for r in adjusted(sims, len(pairs), part["threshold"].to_list(), mine)}
-            part = part.with_columns(
-                pl.Series("labelled_precision", [fig[t]["labelled_precision"] for t in part["threshold"]],
-                          dtype=pl.Float64),
-                pl.Series("adjusted_share", [fig[t]["adjusted_share"] for t in part["threshold"]], dtype=pl.Float64))
-        out.append(part)
-    return pl.concat(out)
+
+    def adjust(mode, ttl_s, best, n):
+        mine = labels.filter((pl.col("mode") == mode) & pl.col("ttl_s").eq_missing(ttl_s))
+        if not len(mine):
+            return None
+        return {r["threshold"]: (r["labelled_precision"], r["adjusted_share"])
+                for r in adjusted(best, n, thresholds, mine)}
+
+    return near_duplicates(con, ttls, streams, thresholds, embed, tokenizer,
+                           adjust=adjust if labels is not None and len(labels) else None)

@@ -23,7 +23,6 @@ requests of its cache within τ, by blocks of matrix products.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Callable
@@ -35,6 +34,7 @@ from replay.core.prompts import time_ordered_chunks
 from replay.core.streams import check_modes, stream_key
 from replay.core.times import ttl_us
 from replay.prepare import prepare
+from replay.store.jsontext import loads
 
 THRESHOLDS = (0.80, 0.85, 0.90, 0.95, 0.99)
 MODEL_NAME = "wordllama l2_supercat_256 (static token embeddings, English-centric)"
@@ -113,7 +113,7 @@ def turns(con, tokenizer=None) -> pl.DataFrame:
         meta = [tbl.column(c).to_pylist() for c in ("ts_us", "tenant", "prompt_cache_key", "session", "model")]
         for k, rid in enumerate(ids):
             try:
-                body = json.loads(bodies.get(rid) or "null")
+                body = loads(bodies.get(rid) or "null")  # (the stored bodies' own parser: msgspec first)
             except ValueError:
                 body = None
             text = last_user_text(body)[:TEXT_CHARS] if isinstance(body, dict) else ""
@@ -180,19 +180,27 @@ def embed_turns(df: pl.DataFrame, embed) -> np.ndarray:
     return vectors
 
 
+def stream_keys(df: pl.DataFrame, mode: str) -> pl.Series:
+    """Each row's stream key under ``mode``, from its tenant, key and session columns."""
+    return pl.Series("stream", [stream_key(mode, a, b, c) for a, b, c in
+                                df.select(["tenant", "key", "session"]).iter_rows()], dtype=pl.Utf8)
+
+
 def cache_groups(df: pl.DataFrame, mode: str) -> np.ndarray:
     """Each turn's cache (stream key under ``mode``, and model) as an integer."""
     if not len(df):
         return np.zeros(0, dtype=np.int64)
-    keys = [f"{stream_key(mode, a, b, c)}\x00{d}" for a, b, c, d in
-            df.select(["tenant", "key", "session", "model"]).iter_rows()]
+    keys = [f"{k}\x00{m}" for k, m in zip(stream_keys(df, mode), df["model"])]
     return np.unique(np.array(keys, dtype=object), return_inverse=True)[1]
 
 
 def near_duplicates(con, ttls=(math.inf,), streams=("tenant",), thresholds=THRESHOLDS, embed=None,
-                    tokenizer=None) -> pl.DataFrame:
+                    tokenizer=None, adjust=None) -> pl.DataFrame:
     """Near-duplicate rows (:data:`SCHEMA`) per stream mode, TTL and threshold;
-    ``embed`` (texts → unit vectors) defaults to :func:`load_embedder`'s model."""
+    ``embed`` (texts → unit vectors) defaults to :func:`load_embedder`'s model.
+    ``adjust(mode, ttl_s, best, n)``, when given, returns for a (mode, TTL) the
+    labelled figures per threshold, {threshold: (labelled_precision,
+    adjusted_share)}, or None (``best``: each request's best similarity)."""
     df = turns(con, tokenizer)
     n = len(df)
     vectors = embed_turns(df, embed or load_embedder())
@@ -202,8 +210,10 @@ def near_duplicates(con, ttls=(math.inf,), streams=("tenant",), thresholds=THRES
     for mode in check_modes(streams):
         best = best_earlier(vectors, ts, cache_groups(df, mode), ttl_list)
         for ti, t in enumerate(ttls):
+            ttl_s = None if t == math.inf else float(t)
+            labelled = (adjust(mode, ttl_s, best[ti], n) if adjust else None) or {}
             for th in thresholds:
                 near = int((best[ti] >= np.float32(th) - 1e-6).sum())
-                rows.append((mode, None if t == math.inf else float(t), float(th), n, near,
-                             near / n if n else 0.0, None, None))
+                rows.append((mode, ttl_s, float(th), n, near, near / n if n else 0.0,
+                             *labelled.get(float(th), (None, None))))
     return pl.DataFrame(rows, schema=SCHEMA, orient="row")

@@ -73,9 +73,7 @@ def rates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, thres
                                   tokenizer=tokenizer)
         if not no_near:
             try:
-                near = api.with_labels(con, api.near_duplicates(con, ttls=ttls, streams=streams,
-                                                                thresholds=thresholds, tokenizer=tokenizer),
-                                       tokenizer=tokenizer)
+                near = api.near_rates(con, ttls=ttls, streams=streams, thresholds=thresholds, tokenizer=tokenizer)
                 model = api.NEAR_MODEL
             except api.SemanticMissing as e:
                 click.echo(f"near duplicates skipped: {e}", err=True)
