@@ -69,3 +69,10 @@ def test_an_unknown_model_is_a_clear_error(tmp_path):
                                     "--out", str(tmp_path / "o"), "--model", "no-such-model"])
     assert res.exit_code != 0 and "no-such-model" in res.output
     assert not (tmp_path / "o").exists() and not (tmp_path / "r.duckdb").exists()  # before any work
+
+
+def test_capacity_refuses_an_unknown_model_before_any_work(tmp_path):
+    res = CliRunner().invoke(main, ["capacity", str(SAMPLE), "--db", str(tmp_path / "c.duckdb"),
+                                    "--model", "no-such-model"])
+    assert res.exit_code == 1 and "no-such-model" in res.output
+    assert not (tmp_path / "c.duckdb").exists()

@@ -7,7 +7,7 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import csv_values, db_option, ingest_options, kv_options, load_logs, one_config
+from replay.cli.options import csv_values, db_option, ingest_options, kv_model, kv_options, load_logs, one_config
 
 
 @click.command("diagnose")
@@ -177,10 +177,10 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     over the last half of the requests, max_replica_share the busiest
     replica's share of them.
     """
+    bpt, _ = kv_model(model, model_config, kv_bytes_per_token, kv_dtype)
     con = api.open_db(db_path)
     load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
     try:
-        bpt = api.kv_bytes_per_token(model, model_config, kv_bytes_per_token, kv_dtype)
         grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
                                 replicas=replicas, routings=routings, policies=policies, seed=seed,
                                 sample_rate=sample_rate)

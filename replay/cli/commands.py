@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from replay import api
-from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_options, load_logs,
+from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_model, kv_options, load_logs,
                                 print_table, profile_names, tokenizer_option)
 
 @click.command()
@@ -84,17 +84,8 @@ def _price_options(f):
     return f
 
 
-def _kv(kv: dict) -> tuple[int | None, str | None]:
-    """The KV options as (bytes per token, the model's name for the report)."""
-    try:
-        bpt = api.kv_bytes_per_token(kv["model"], kv["model_config"], kv["kv_bytes_per_token"], kv["kv_dtype"])
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
-    return bpt, kv["model"] or (Path(kv["model_config"]).name if kv["model_config"] else None)
-
-
 def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer=None):
-    """Sections the analyses contribute to the report (``kv``: what :func:`_kv` returns)."""
+    """Sections the analyses contribute to the report (``kv``: what ``kv_model`` returns)."""
     return [lambda con, out: api.why_miss_section(con, out),
             lambda con, out: api.memory_section(con, out, g, kv[0], kv[1], tokenizer=tokenizer),
             lambda con, out: api.duplicates_section(con, out, tokenizer=tokenizer),
@@ -121,7 +112,7 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     to OUT/NAME/report.md with its plots.
     """
     g = grid(ttls, blocks, mins, streams)
-    kv = _kv(kv)
+    kv = kv_model(**kv)
     if not logs:
         if not Path(SAMPLE).exists():
             raise click.ClickException(f"no logs given and no shipped sample at {SAMPLE} "
@@ -150,7 +141,7 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
 def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model, **kv):
     """Write the report from what the database already holds."""
     g = grid(ttls, blocks, mins, streams)
-    kv = _kv(kv)
+    kv = kv_model(**kv)
     con = api.open_db(db_path)
     load_logs(con, (), None, {}, None)
     path = api.write_report(con, Path(out) / name, g, extra_sections=_extra_sections(g, prices, price_model, kv),

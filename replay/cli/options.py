@@ -90,6 +90,16 @@ def kv_options(f):
     return f
 
 
+def kv_model(model=None, model_config=None, kv_bytes_per_token=None, kv_dtype=None) -> tuple[int | None, str | None]:
+    """The KV options as (bytes per token, the model's name for reports); a bad
+    one is an error before any work."""
+    try:
+        bpt = api.kv_bytes_per_token(model, model_config, kv_bytes_per_token, kv_dtype)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    return bpt, model or (Path(model_config).name if model_config else None)
+
+
 def one_config(f):
     """One configuration (diagnose, whatif)."""
     f = click.option("--ttl", default="5m", show_default=True, callback=lambda c, p, v: _one_ttl(v),
