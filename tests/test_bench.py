@@ -64,3 +64,20 @@ def test_the_capacity_bench_compares_like_with_like(logs, tmp_path):
     assert res["naive_results_identical"] is True and res["naive"]["simulations"] == 2 * 2 * 3
     assert res["exact_preset_ttls_identical"] is True and res["exact_preset_ttls_rows_compared"] > 0
     assert 0 <= res["sampled"]["max_error_pts"] < 100 and len(res["sampled"]["runs"]) == 1
+
+
+def test_the_near_bench_compares_like_with_like(tmp_path):
+    """bench/near.py: the windowed search equals the naive every-pair one."""
+    pytest.importorskip("wordllama")
+    import json
+    import subprocess
+
+    from replay import api
+
+    con = api.open_db(tmp_path / "s.duckdb")
+    api.ingest(con, [str(BENCH.parent / "data" / "sample")])
+    con.close()
+    out = subprocess.run([sys.executable, str(BENCH / "near.py"), "--db", str(tmp_path / "s.duckdb"), "--json"],
+                         capture_output=True, text=True, check=True)
+    res = json.loads(out.stdout)
+    assert res["naive_results_identical"] is True and res["requests"] == 268 and res["unique_texts"] > 0
