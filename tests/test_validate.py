@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from replay.validate import check as V  # noqa: E402
 from replay.validate.mlx_model import build_random_model, raw_messages  # noqa: E402
 
 pytestmark = pytest.mark.mlx
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
 VOCAB = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi "
          "omicron pi rho sigma tau upsilon phi chi psi omega").split()
@@ -236,3 +238,29 @@ def test_time_model_fit_recovers_coefficients():
     assert fit["a"] == pytest.approx(0.2, rel=1e-6)
     assert fit["b"] == pytest.approx(1e-3, rel=1e-6)
     assert fit["c"] == pytest.approx(2e-8, rel=1e-4)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_the_server_does_not_outlive_a_validate_command_killed_or_interrupted(tmp_path, model_dir, how):
+    """The server runs in its own session (out of the terminal's Ctrl-C), so
+    the command stops it on Ctrl-C, and the kernel kills it when the command
+    itself is killed and cannot."""
+    import time
+    import uuid
+
+    from procs import assert_no_leftovers, start, tagged
+
+    tag = uuid.uuid4().hex
+    p = start(["validate", SAMPLE, "--db", tmp_path / "v.duckdb", "--model", model_dir, "--sample", "30"], tag)
+    deadline = time.monotonic() + 300
+    server = []
+    while not server and p.poll() is None and time.monotonic() < deadline:
+        server = [pid for pid in tagged(tag) if b"mlx_lm.server" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        time.sleep(0.05)
+    assert server, "the server was not seen"
+    p.send_signal(getattr(signal, how))
+    _, err = p.communicate(timeout=120)
+    if how == "SIGINT":
+        assert p.returncode != 0 and "Traceback" not in err, err
+    assert_no_leftovers(tag, within_s=20)
+    assert _no_server_for(model_dir)

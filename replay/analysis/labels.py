@@ -31,6 +31,7 @@ import polars as pl
 
 from replay.analysis.near import (THRESHOLDS, best_earlier, cache_groups, embed_turns, load_embedder,
                                   near_duplicates, stream_keys, turns)
+from replay.core.streams import MODES
 from replay.core.times import ttl_us
 from replay.store import db
 
@@ -113,7 +114,9 @@ def write_export(df: pl.DataFrame, prefix: str | Path) -> tuple[Path, Path]:
     return csv_path, jsonl_path
 
 
-def _label(value) -> int | None:
+# (errors name the file, row and column, never the value: a label file exported
+# with --show-text holds prompt text, and a shifted column puts it anywhere)
+def _label(value, where: str = "") -> int | None:
     v = "" if value is None else str(value).strip().lower()
     if v in _YES:
         return 1
@@ -121,7 +124,16 @@ def _label(value) -> int | None:
         return 0
     if v == "":
         return None
-    raise ValueError(f"a label must be 1/0 or yes/no, not {value!r}")
+    raise ValueError(f"{where}a label must be 1/0 or yes/no, not a value of {len(v)} characters")
+
+
+def _number(value, where: str) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}is not a number") from None
 
 
 def read_labels(paths) -> pl.DataFrame:
@@ -133,15 +145,21 @@ def read_labels(paths) -> pl.DataFrame:
         with open(path, newline="") as f:
             records = [json.loads(line) for line in f if line.strip()] if path.suffix == ".jsonl" \
                 else list(csv.DictReader(f))
-        for r in records:
+        for i, r in enumerate(records, 1):
             missing = [c for c in ("pair_id", "band", "similarity") + LABELS if c not in r]
             if missing:
                 raise ValueError(f"{path}: not a label file (missing {', '.join(missing)})")
-            ttl = r.get("ttl_s")
+            similarity = _number(r["similarity"], f"{path}, row {i}: similarity ")
+            if similarity is None:
+                raise ValueError(f"{path}, row {i}: similarity is empty")
+            mode = r.get("mode") or ""
+            if mode and mode not in MODES:
+                raise ValueError(f"{path}, row {i}: mode is not one of {', '.join(MODES)}")
             rows[str(r["pair_id"])] = {
-                "pair_id": str(r["pair_id"]), "mode": r.get("mode") or "", "band": r["band"],
-                "ttl_s": None if ttl in (None, "") else float(ttl), "similarity": float(r["similarity"]),
-                "intent": (r.get("intent") or "").strip() or "(none)", **{c: _label(r[c]) for c in LABELS}}
+                "pair_id": str(r["pair_id"]), "mode": mode, "band": r["band"],
+                "ttl_s": _number(r.get("ttl_s"), f"{path}, row {i}: ttl_s "), "similarity": similarity,
+                "intent": (r.get("intent") or "").strip() or "(none)",
+                **{c: _label(r[c], f"{path}, row {i}, {c}: ") for c in LABELS}}
     return pl.DataFrame(list(rows.values()), schema={
         "pair_id": pl.Utf8, "mode": pl.Utf8, "band": pl.Utf8, "ttl_s": pl.Float64, "similarity": pl.Float64,
         "intent": pl.Utf8, **{c: pl.Int64 for c in LABELS}})

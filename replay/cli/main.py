@@ -6,23 +6,43 @@ error, a validation error); 2 bad usage (click's default).
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
 
-from replay.cli import analysis, commands, duplicates
-from replay.store.db import DatabaseInUse
+from replay.cli import analysis, commands, duplicates, export
+from replay.store.db import DatabaseUnusable, disk_trouble
 from replay.store.schema import OldDatabase
+from replay.text.encoder import TokenizerUnusable
 
 
 class _Group(click.Group):
-    """Errors a user can act on end the command with their message and exit code 1."""
+    """Errors a user can act on end the command with their message: exit code 1
+    (2 for a tokenizer that cannot be loaded: a bad argument)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except (OldDatabase, DatabaseInUse) as e:
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except (OldDatabase, DatabaseUnusable) as e:
             raise click.ClickException(str(e)) from None
+        except TokenizerUnusable as e:
+            raise click.UsageError(f"{e}; give a local Hugging Face tokenizer directory "
+                                   "(with its tokenizer.json)", ctx) from None
+        except BrokenPipeError:  # the reader of our output left (`| head`): nothing more to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
+        except Exception as e:  # noqa: BLE001 - re-raised unless it is the disk or Ctrl-C
+            if "Query interrupted" in str(e) or type(e).__name__ == "InterruptException":
+                # Ctrl-C inside a DuckDB query comes out as DuckDB's error: the
+                # query's transaction is rolled back, as for Ctrl-C anywhere else
+                raise click.Abort() from None
+            trouble = disk_trouble(e)
+            if trouble is None:
+                raise
+            raise click.ClickException(trouble) from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -40,7 +60,7 @@ def main():
 
 for _command in (commands.ingest, commands.tokenize, commands.sweep, commands.run, commands.report,
                  commands.profiles_cmd, commands.synth, analysis.diagnose, analysis.whatif, analysis.diff,
-                 analysis.validate, analysis.capacity, duplicates.duplicates):
+                 analysis.validate, analysis.capacity, duplicates.duplicates, export.export):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,7 @@ from replay.core.times import INF_US
 from replay.core.trie import Trie
 from replay.core.walks import delete_walks, insert_walks
 from replay.store import walksets
+from replay.store.failpoints import failpoint
 
 WALKS_PER_INSERT = 2_000  # requests whose walks the replay stage holds before it stores them
 
@@ -149,7 +150,7 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_U
 
             bar = tqdm(total=n, desc="replay", unit="req", leave=False)
         result = replay_prompts(iter_prompts(con, with_output="prompt+output" in variants), modes, variants,
-                                horizon_us, bar, sink=lambda rows: insert_walks(con, rows),
+                                horizon_us, bar, sink=lambda rows: _insert(con, rows),
                                 flush_every=WALKS_PER_INSERT)
         if bar is not None:
             bar.close()
@@ -162,6 +163,11 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_U
     walksets.record(con, keys, horizon_us, fingerprint, replayed)
     return ReplaySummary(int(replayed), tuple(modes), tuple(variants), int(prompt_tokens),
                          time.perf_counter() - t0, nodes)
+
+
+def _insert(con, rows) -> None:
+    insert_walks(con, rows)
+    failpoint("replay.walks_inserted")  # (the sets are not recorded yet)
 
 
 def _background_checkpoint(con) -> threading.Thread:

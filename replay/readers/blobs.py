@@ -263,7 +263,7 @@ class Blobs:
                 glue.append("{")
             glue.append("}")
             ids.append(self._glue("".join(glue)))
-        except _Unsplittable:
+        except (_Unsplittable, RecursionError):  # (too deep: the caller's dumps raises it again)
             self._forget_keys()  # it may list ids about to leave ``known``
             for bid in self.ids[n_before:]:  # drop what this body added
                 self.known.discard(bid)

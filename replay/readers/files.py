@@ -27,6 +27,12 @@ from replay.store.jsontext import JSONDecodeError, loads_fast, strip_nulls
 INPUT_SUFFIXES = (".jsonl", ".json", ".parquet")
 COMPRESSION_SUFFIXES = (".gz", ".zst")
 READ_BUFFER = 1 << 20
+# A JSONL line longer than this is rejected (`too_large`) without being held whole:
+# parsed, a line takes several times its size in memory, and DuckDB (its memory
+# capped, db.connect) cannot take one value near its cap. LLM APIs refuse requests
+# past a few tens of MB, so no real log line comes near it.
+MAX_LINE_BYTES = 32 << 20
+LINE_PIECE = 1 << 20  # a longer line is read in pieces of this size
 
 
 # ----------------------------------------------------------------- paths
@@ -49,8 +55,9 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
     .jsonl/.json/.parquet, optionally + .gz/.zst, and their names do not start
     with '_' or '.' (side files such as a generator's `_truth.jsonl`, hidden
     files — the Hadoop/Spark convention); files named explicitly or
-    matched by a glob are taken whatever their name. A path that does not exist
-    or a glob that matches nothing raises FileNotFoundError.
+    matched by a glob are taken whatever their name. A path that does not exist,
+    a glob that matches nothing or a directory holding no log file raises
+    FileNotFoundError.
     """
     out: dict[str, None] = {}
 
@@ -64,7 +71,11 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
     for p in paths:
         p = os.fspath(p)
         if os.path.isdir(p):
+            before = len(out)
             add_dir(p)
+            if len(out) == before:
+                raise FileNotFoundError(f"no log files in {p!r} (looked for *.jsonl, *.json, *.parquet, "
+                                        "optionally .gz/.zst, not starting with '.' or '_')")
         elif os.path.exists(p):
             out[os.path.normpath(p)] = None
         elif glob.has_magic(p):
@@ -122,9 +133,80 @@ def open_binary(path: str) -> io.BufferedIOBase:
     if magic[:2] == b"\x1f\x8b":
         return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), buffer_size=READ_BUFFER)  # type: ignore
     if magic == b"\x28\xb5\x2f\xfd":
-        reader = zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)
-        return io.BufferedReader(reader, buffer_size=READ_BUFFER)
+        return io.BufferedReader(_ZstdReader(path, fh), buffer_size=READ_BUFFER)
     return fh
+
+
+class _ZstdReader(io.RawIOBase):
+    """python-zstandard's stream reader, raising EOFError (as gzip does) where the
+    input ends inside a frame: the stream reader then just stops, and a truncated
+    .zst would read as a shorter log, its lost lines nowhere counted."""
+
+    def __init__(self, path: str, fh: io.BufferedReader):
+        self._path = path
+        self._reader = zstandard.ZstdDecompressor().stream_reader(fh, closefd=True)
+        self._checked = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self._reader.readinto(b)
+        if n == 0 and len(b) and not self._checked:
+            self._checked = True
+            if not zstd_frames_complete(self._path):
+                raise EOFError("zstd: compressed file ended before the end of its last frame")
+        return n
+
+    def close(self) -> None:
+        self._reader.close()
+        super().close()
+
+
+def zstd_frames_complete(path: str) -> bool:
+    """False when the zstd file ends inside a frame. Walks the frame and block
+    headers only (RFC 8878), without decompressing; bytes that are no frame at
+    all are left to the decompressor, which refuses them."""
+    with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+
+        def take(n: int) -> bytes | None:
+            b = fh.read(n)
+            return b if len(b) == n else None
+
+        def skip(n: int) -> bool:
+            return fh.seek(n, 1) <= size
+
+        while fh.tell() < size:
+            magic = take(4)
+            if magic is None:
+                return False
+            m = int.from_bytes(magic, "little")
+            if m & 0xFFFFFFF0 == 0x184D2A50:  # a skippable frame: its size, then as many bytes
+                n = take(4)
+                if n is None or not skip(int.from_bytes(n, "little")):
+                    return False
+                continue
+            if m != 0xFD2FB528:
+                return True
+            d = take(1)
+            if d is None:
+                return False
+            single = d[0] >> 5 & 1  # then window descriptor, dictionary id, content size
+            if not skip((1 - single) + (0, 1, 2, 4)[d[0] & 3] + (single, 2, 4, 8)[d[0] >> 6]):
+                return False
+            while True:  # blocks: a 3-byte header (last flag, type, size), then the block
+                h = take(3)
+                if h is None:
+                    return False
+                v = int.from_bytes(h, "little")
+                if not skip(1 if v >> 1 & 3 == 1 else v >> 3):
+                    return False
+                if v & 1:
+                    break
+            if d[0] & 4 and not skip(4):  # the content checksum
+                return False
+    return True
 
 
 def guard_units(it: Iterable) -> Iterator:
@@ -135,7 +217,7 @@ def guard_units(it: Iterable) -> Iterator:
             x = next(it)
         except StopIteration:
             return
-        except (OSError, EOFError, zstandard.ZstdError, pa.ArrowException, MemoryError) as e:
+        except (OSError, EOFError, zlib.error, zstandard.ZstdError, pa.ArrowException, MemoryError) as e:
             raise ReadError(describe_error(e)) from e
         yield x
 
@@ -173,18 +255,66 @@ def parse_line(raw: bytes, slow: set | None = None, line_no: int = 0) -> Any:
         return Reject("malformed_json", f"invalid JSON ({type(e).__name__})")
 
 
-def iter_jsonl(fh: Iterable[bytes], slow: set | None = None) -> Iterator[tuple[int, Any]]:
-    for i, raw in enumerate(fh, 1):
-        yield i, parse_line(raw, slow, i)
+def read_lines(fh: io.BufferedIOBase, limit: int | None = None) -> Iterator[bytes | int]:
+    """The lines of ``fh`` (as iterating it gives them), except that a line longer
+    than ``limit`` bytes (MAX_LINE_BYTES; its newline counted) is read past in
+    pieces, never held whole: its length in bytes (an int) comes in its place."""
+    limit = MAX_LINE_BYTES if limit is None else limit
+    step = min(LINE_PIECE, limit + 1)
+    readline = fh.readline
+    while True:
+        raw = readline(step)
+        if len(raw) < step or raw[-1] == 10:  # the whole line (b"": end of file)
+            if not raw:
+                return
+            yield raw if len(raw) <= limit else len(raw)
+            continue
+        parts: list[bytes] | None = [raw]
+        size = len(raw)
+        while True:
+            piece = readline(step)
+            size += len(piece)
+            if parts is not None:
+                if size > limit:
+                    parts = None  # too long: drop what was read, count the rest
+                else:
+                    parts.append(piece)
+            if len(piece) < step or piece[-1] == 10:
+                break
+        yield b"".join(parts) if parts is not None else size
+
+
+def iter_jsonl(fh: io.BufferedIOBase, slow: set | None = None) -> Iterator[tuple[int, Any]]:
+    for i, raw in enumerate(read_lines(fh), 1):
+        if isinstance(raw, int):
+            yield i, Reject("too_large", f"line of {raw:,} bytes, longer than the {MAX_LINE_BYTES:,} bytes a line may have")
+        else:
+            yield i, parse_line(raw, slow, i)
 
 
 def iter_parquet(src: Any) -> Iterator[tuple[int, Any]]:
     pf = pq.ParquetFile(src)
     n = 0
     for batch in pf.iter_batches(batch_size=4096):
-        for rec in batch.to_pylist():
+        try:
+            recs = batch.to_pylist()
+        except (ValueError, OverflowError):  # a value Python cannot hold: find its rows
+            recs = [_parquet_row(batch, i) for i in range(batch.num_rows)]
+        for rec in recs:
             n += 1
-            yield n, strip_nulls(rec)
+            yield n, rec if isinstance(rec, Reject) else strip_nulls(rec)
+
+
+def _parquet_row(batch: pa.RecordBatch, i: int) -> Any:
+    """Row ``i`` of ``batch``, or a Reject naming the column whose value Python cannot
+    hold (a timestamp past the year 9999, a date out of range)."""
+    row = {}
+    for name, col in zip(batch.schema.names, batch.columns):
+        try:
+            row[name] = col[i].as_py()
+        except (ValueError, OverflowError) as e:
+            return Reject("wrong_type", f"column '{name[:80]}' holds a value out of range ({type(e).__name__})")
+    return row
 
 
 def file_kind(path: str, forced: str | None) -> str:
@@ -213,7 +343,7 @@ def is_plain_file(fh: Any) -> bool:
 def read_all(fh: io.BufferedIOBase) -> bytes:
     try:
         return fh.read()
-    except (OSError, EOFError, zstandard.ZstdError, MemoryError) as e:
+    except (OSError, EOFError, zlib.error, zstandard.ZstdError, MemoryError) as e:
         raise ReadError(describe_error(e)) from e
 
 

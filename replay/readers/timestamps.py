@@ -16,6 +16,11 @@ from replay.readers.fields import MISSING, TS_NAMES, Options, Reject, lookup_fie
 TIME_UNITS = tuple(UNIT_US)
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+# Timestamps are int64 microseconds (the walks, the compiled kernels and DuckDB
+# store them) and so are the gaps between them: within ±2**62 µs (±146,000
+# years), any gap is below INF_US and no difference overflows. A number beyond
+# it (1e20 s, 10**30) is rejected, not loaded as an overflow or a crash.
+TS_LIMIT_US = 2**62
 
 
 def _iso_us(s: str) -> int | None:
@@ -70,7 +75,10 @@ def parse_ts(v: Any, fname: str, opts: "Options | str | None", default_unit: str
         num = v
     else:
         raise Reject("bad_timestamp", f"field '{fname}' is {type_name(v)}, expected a number or an ISO-8601 string")
-    x = float(num)
+    try:
+        x = float(num)
+    except OverflowError:  # an integer too large for a float: far out of range
+        raise Reject("bad_timestamp", f"field '{fname}' is out of range (beyond ±2**62 microseconds)") from None
     if not math.isfinite(x):
         raise Reject("bad_timestamp", f"field '{fname}' is not a finite number")
     if isinstance(opts, Options):
@@ -78,7 +86,10 @@ def parse_ts(v: Any, fname: str, opts: "Options | str | None", default_unit: str
         opts.file_unit = opts.file_unit or unit
     else:
         unit = opts or default_unit or guess_unit(x)
-    return to_us(num, unit)
+    us = to_us(num, unit)
+    if not -TS_LIMIT_US < us < TS_LIMIT_US:
+        raise Reject("bad_timestamp", f"field '{fname}' is out of range (beyond ±2**62 microseconds)")
+    return us
 
 
 def record_ts(rec: dict, opts: Options, default_unit: str | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from replay.readers.chat import usage_row
-from replay.readers.fields import Options, Reject, as_str, type_name
+from replay.readers.fields import Options, Reject, as_str, too_deep, type_name
 from replay.readers.timestamps import parse_ts
 from replay.store.jsontext import dumps
 
@@ -57,10 +57,15 @@ def convert_trajectory(doc: Any, stem: str, opts: Options) -> Iterator[tuple[int
                 yield turn, _trajectory_row(m, prefix, ser, session, opts, objs)
             except Reject as r:
                 yield turn, r
+            except RecursionError:
+                yield turn, too_deep(f"assistant turn {turn}")
         if opts.split_body:
             objs.append(_strip_extra(m))
         else:
-            ser.append(dumps(_strip_extra(m)))
+            try:
+                ser.append(dumps(_strip_extra(m)))
+            except RecursionError:  # in every later turn's body: the whole document is refused
+                raise too_deep(f"messages[{i}]") from None
 
 
 def _trajectory_row(m: dict, prefix: str, ser: list[str], session: str, opts: Options,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 from collections import deque
@@ -16,7 +18,11 @@ from replay.store import schema
 DEFAULT_DB = "data/replay.duckdb"
 
 
-class DatabaseInUse(RuntimeError):
+class DatabaseUnusable(RuntimeError):
+    """The database file cannot be opened or written: a message saying what to do."""
+
+
+class DatabaseInUse(DatabaseUnusable):
     """Another process holds the database file."""
 
 
@@ -28,8 +34,8 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
     if path is None or str(path) == ":memory:":
         con = duckdb.connect(":memory:")
     else:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
             con = duckdb.connect(str(path))
         except duckdb.IOException as e:
             if "lock" in str(e).lower():  # DuckDB allows one writing process per file
@@ -37,7 +43,11 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
                 raise DatabaseInUse(f"the database {path} is in use by another process"
                                     + (f" (PID {holder.group(1)})" if holder else "")
                                     + ": wait for it to finish, or give another --db") from None
-            raise
+            raise DatabaseUnusable(f"cannot open the database {path} ({_first_line(e)}): give --db a "
+                                   "DuckDB file in a folder you can write") from None
+        except OSError as e:
+            raise DatabaseUnusable(f"cannot reach or create the folder of the database {path} ({e.strerror}): "
+                                   "give --db a file in a folder you can write") from None
     # DuckDB keeps up to 80 % of RAM as buffer cache by default; the stages stream,
     # so a modest cap keeps the process's memory about the work, not the file size.
     con.execute(f"SET memory_limit = '{os.environ.get('REPLAY_DUCKDB_MEMORY', '128MB')}'")
@@ -55,6 +65,45 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
     return con
 
 
+_DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM}
+_DISK_WORDS = ("No space left on device", "Read-only file system", "Disk quota exceeded", "Input/output error",
+               "Permission denied")
+
+
+def disk_trouble(e: BaseException) -> str | None:
+    """What to tell the user when ``e`` is the disk refusing a write (full,
+    read-only, no permission), else None. DuckDB and polars report these as
+    their own errors, with the system's words in the text."""
+    if isinstance(e, OSError) and e.errno in _DISK_ERRNOS:
+        what = f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+    elif any(w in str(e) for w in _DISK_WORDS):
+        what = next(w for w in _DISK_WORDS if w in str(e))
+    else:
+        return None
+    return (f"cannot write ({what}): free some space or give --db / --out on a writable disk, then run "
+            "again; what was committed before is kept and the rest is redone")
+
+
+def remove(path: str | Path) -> None:
+    """Delete the database file and its write-ahead log (a log left beside a new
+    file would be replayed into it); refused while another process holds it."""
+    path = Path(path)
+    if path.exists():
+        with open(path, "rb+") as fh:
+            try:  # DuckDB holds a POSIX lock on the file while it is open for writing
+                fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.lockf(fh, fcntl.LOCK_UN)
+            except OSError:
+                raise DatabaseInUse(f"the database {path} is in use by another process: wait for it to "
+                                    "finish, or give another --db") from None
+    for p in (path, Path(f"{path}.wal")):
+        p.unlink(missing_ok=True)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def get_meta(con, key: str, default: str | None = None) -> str | None:
     rows = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()
     return default if not rows else rows[0][0]
@@ -66,10 +115,10 @@ def set_meta(con, key: str, value: str) -> None:
 
 def untokenized(con) -> int:
     """Requests still waiting for the tokenize stage: without a prompts row, not set
-    aside (unrenderable), and not a block trace (Mooncake's need none)."""
+    aside (unrenderable), and not a block trace (their ``block_ids`` need none)."""
     return con.execute("""
         SELECT count(*) FROM requests r LEFT JOIN prompts p USING (request_id)
-        WHERE p.request_id IS NULL AND r.format <> 'mooncake'
+        WHERE p.request_id IS NULL AND r.block_ids IS NULL
           AND NOT EXISTS (SELECT 1 FROM set_aside s WHERE s.request_id = r.request_id)""").fetchone()[0]
 
 

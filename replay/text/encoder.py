@@ -91,7 +91,7 @@ class EncoderProcess:
         except (EOFError, OSError, pickle.UnpicklingError):
             raise EncoderGone("the encoder process ended") from None
         if msg[0] == "error":
-            raise RuntimeError(msg[1])
+            raise (TokenizerUnusable if msg[1].startswith((LOAD_FAILED, ENCODE_FAILED)) else RuntimeError)(msg[1])
         return msg[1]
 
     def _send_loop(self) -> None:
@@ -190,6 +190,16 @@ class PreparedBlobs:
 
 class EncoderGone(RuntimeError):
     pass
+
+
+class TokenizerUnusable(Exception):
+    """The tokenizer given cannot be loaded (not a tokenizer.json, damaged) or
+    cannot encode (a vocabulary without an unknown token, say): a bad argument,
+    not a failed stage."""
+
+
+LOAD_FAILED = "cannot load the tokenizer"
+ENCODE_FAILED = "the tokenizer cannot encode these prompts"
 
 
 class Prepared:
@@ -356,7 +366,7 @@ class _Child:
             self.prepared.add(msg[1])  # body parts found by ingest: render, then encode ahead
         elif kind == "encode":
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
-            self._reply(lambda: _pack(self.engine.encode(msg[1])), "encoding failed")
+            self._reply(lambda: _pack(self.engine.encode(msg[1])), ENCODE_FAILED)
         elif kind == "blobs":
             got = self.prepared.take_blobs(msg[1])
             kinds, segs, parts = zip(*got.values()) if got else ((), (), ())
@@ -411,7 +421,7 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
     try:
         engine, info = _load_engine(path, backend, fast_from_file)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
-        child.write_frame(proto_out, ("error", f"cannot load the tokenizer: {type(exc).__name__}: {exc}"))
+        child.write_frame(proto_out, ("error", f"{LOAD_FAILED} {path}: {type(exc).__name__}: {exc}"))
         return
     child.write_frame(proto_out, ("ok", info))
     worker = _Child(engine, info, proto_out)
@@ -423,24 +433,20 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
             try:
                 msg = child.read_frame(proto_in)
             except (EOFError, OSError):
-                msg = None
+                # The parent closed its end, or died: nobody will read another
+                # answer, so leave now rather than after the work in hand (a
+                # helper must not outlive its command).
+                sys.stderr.flush()
+                os._exit(0)
             with cond:
                 inbox.put(msg)
                 cond.notify()
-            if msg is None:
-                return
 
     threading.Thread(target=reader, daemon=True, name="replay-encoder-reader").start()
     while True:
         with cond:
-            while (msg := inbox.next()) is None and not inbox.eof:
+            while (msg := inbox.next()) is None:
                 cond.wait()
-            if msg is None:
-                # The parent is done: nobody will take what is still queued. Exit at
-                # once (freeing the engine's tables one object at a time would be
-                # time the parent's close() waits for).
-                sys.stderr.flush()
-                os._exit(0)
             waiting = inbox.waiting()
         try:
             worker.handle(msg, waiting)
@@ -451,4 +457,7 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
+    try:
+        _serve(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
+    except BrokenPipeError:  # the parent left before an answer: nobody to tell
+        os._exit(0)

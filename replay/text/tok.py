@@ -82,7 +82,11 @@ class Tok:
     # ------------------------------------------------------------ the tokenizer itself
     def _local_tokenizer(self):
         if self._local is None:
-            tk = load_reference(str(self.path))
+            try:
+                tk = load_reference(str(self.path))
+            except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
+                raise encoder.TokenizerUnusable(
+                    f"{encoder.LOAD_FAILED} {self.path}: {type(exc).__name__}: {exc}") from None
             self._local = (tk, prepare_tokenizer(tk, self.name))
         return self._local
 

@@ -9,6 +9,7 @@ raised as :class:`ValidationError`.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -52,6 +53,18 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
+def _die_with_parent(parent: int) -> None:
+    """In the server's process, before exec: the kernel kills it when the
+    process that started it dies, even by SIGKILL, when ``stop`` never runs
+    (its own session keeps it out of the terminal's Ctrl-C)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
 @dataclass
 class MlxServer:
     """``python -m mlx_lm.server`` as a child process in its own process group."""
@@ -89,6 +102,13 @@ class MlxServer:
                  and "is deprecated" not in ln]
         return "\n".join(lines[-n:])
 
+    # Once logged prompts have been sent, what the server answers or logs may quote
+    # them: neither goes into the error message, which is printed and reported
+    # (the server's own log is kept on an error, see `check.validate`).
+    def _not_quoted(self, what: str) -> str:
+        where = f"; the server's log: {self.log_path}" if self.log_path else ""
+        return f"{what} not shown, as it may quote the prompt{where}"
+
     def start(self) -> "MlxServer":
         if self.port is None:
             self.port = free_port(self.host)
@@ -99,7 +119,9 @@ class MlxServer:
         log = os.fdopen(fd, "w")
         try:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=(functools.partial(_die_with_parent, os.getpid())
+                                                     if sys.platform == "linux" else None))
         finally:
             log.close()
         deadline = time.monotonic() + self.startup_timeout_s
@@ -178,9 +200,8 @@ class MlxServer:
         except (TimeoutError, socket.timeout):
             raise ValidationError(f"request timed out after {timeout_s:g} s") from None
         except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", "replace")[:500]
-            raise ValidationError(f"mlx_lm.server answered HTTP {e.code}: {detail}\n"
-                                  f"{self.log_tail()}") from None
+            raise ValidationError(f"mlx_lm.server answered HTTP {e.code} "
+                                  f"({self._not_quoted('its answer is')})") from None
         except (urllib.error.URLError, ConnectionError, OSError) as e:
             reason = getattr(e, "reason", e)
             if isinstance(reason, (TimeoutError, socket.timeout)):
@@ -188,8 +209,8 @@ class MlxServer:
             time.sleep(0.2)
             if not self.alive():
                 code = self.proc.poll() if self.proc else None
-                raise ValidationError(f"mlx_lm.server died mid-run (exit code {code}):\n"
-                                      f"{self.log_tail()}") from None
+                raise ValidationError(f"mlx_lm.server died mid-run (exit code {code}; "
+                                      f"{self._not_quoted('its output is')})") from None
             raise ValidationError(f"request failed: {reason}") from None
         dt = time.perf_counter() - t0
         return json.loads(payload), dt

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import secrets
 from typing import Any
 
 from replay.analysis.volatile import HEADER_RE, ID_RES, TIMESTAMP_RES
@@ -169,8 +170,14 @@ def classify_pieces(pieces_r: list, pieces_c: list, i: int, body_r: dict, body_c
 
 # --------------------------------------------------------------------------- masking
 
+# The short hash of a masked text is keyed with a key drawn per process: equal
+# texts show the same hash within one output, but a short text (a digit, a
+# five-letter id) cannot be recovered by hashing guesses until one matches.
+_MASK_KEY = secrets.token_bytes(16)
+
+
 def mask(s: str) -> str:
-    """A stand-in for text: its length, character classes and a short hash."""
+    """A stand-in for text: its length, character classes and a short (keyed) hash."""
     if not s:
         return "⟨empty⟩"
     cls = []
@@ -182,7 +189,7 @@ def mask(s: str) -> str:
         cls.append("space")
     if any(not (c.isalnum() or c.isspace()) for c in s):
         cls.append("punct")
-    h = hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=3).hexdigest()
+    h = hashlib.blake2b(s.encode("utf-8", "surrogatepass"), digest_size=3, key=_MASK_KEY).hexdigest()
     return f"⟨{len(s)} chars: {'+'.join(cls)} #{h}⟩"
 
 
