@@ -15,6 +15,8 @@ import polars as pl
 
 from replay.analysis.capacity import CapacityGrid, capacity  # noqa: F401
 from replay.analysis.duplicates import duplicates_section, exact_duplicates  # noqa: F401
+from replay.analysis.export import TARGETS as EXPORT_TARGETS, TEXT_TARGETS as EXPORT_TEXT_TARGETS  # noqa: F401
+from replay.analysis.export import ExportRefused, ExportSummary, TextRefused, export as export_trace  # noqa: F401
 from replay.analysis.near import MODEL_NAME as NEAR_MODEL, THRESHOLDS as NEAR_THRESHOLDS  # noqa: F401
 from replay.analysis.near import WARNING as NEAR_WARNING, SemanticMissing, near_duplicates  # noqa: F401
 from replay.analysis.labels import audit_sample, candidate_pairs, read_labels, store_labels  # noqa: F401
@@ -28,6 +30,7 @@ from replay.core.grid import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREA
 from replay.core.streams import MODES  # noqa: F401
 from replay.core.sweep import sweep as _sweep
 from replay.core.times import format_ttl, parse_ttl  # noqa: F401
+from replay.core.warmup import describe as describe_warmup, parse_warmup  # noqa: F401
 from replay.prepare import as_tokenizer, prepare
 from replay.providers import profiles as _profiles
 from replay.providers.catalog import get_profile, list_profiles  # noqa: F401
@@ -43,7 +46,7 @@ from replay.text.tok import load_tokenizer
 from replay.text.tokenize import tokenize_stage
 from replay.validate.check import store_result, summary_lines, validate, validation_section  # noqa: F401
 
-__all__ = ["open_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep", "profile_sweep",
+__all__ = ["open_db", "remove_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep", "profile_sweep",
            "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif", "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
            "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
@@ -51,6 +54,7 @@ __all__ = ["open_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep"
            "Grid", "format_ttl", "parse_ttl"]
 
 open_db = db.connect
+remove_db = db.remove
 
 
 def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False, tokenizer=None):

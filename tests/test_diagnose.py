@@ -234,7 +234,8 @@ def test_ttl_expired_reports_idle_gaps(planted):
 def test_diagnose_json_shape_and_masking(planted):
     con, _, _ = planted
     res = diagnose(con, ttl=300, block=16, min_prefix=0, stream="tenant", examples=2)
-    assert set(res) == {"causes", "by_stream", "examples"}
+    assert set(res) == {"causes", "by_stream", "examples", "provider_agreement"}
+    assert res["provider_agreement"] is None  # (this log holds no provider diagnostics)
     for c in res["causes"]:
         assert {"cause", "requests", "tokens_lost", "share_of_prompt_tokens"} <= set(c)
     assert [c["tokens_lost"] for c in res["causes"]] == sorted((c["tokens_lost"] for c in res["causes"]),

@@ -24,6 +24,7 @@ from replay.core.sampled import SampledPass, SampledRefs, sampled_counts
 from replay.core.simulate import BlockLogBuilder, simulate
 from replay.core.streams import check_modes, stream_key
 from replay.core.times import INF_US, ttl_us
+from replay.core.warmup import parse_warmup, warmup_count
 from replay.prepare import prepare
 from replay.providers.kv import auto_capacities, blocks_for, parse_size
 
@@ -54,6 +55,7 @@ class CapacityGrid:
     seed: int = 0
     sample_rate: float | None = None
     auto_points: int = 16  # how many capacities ``auto`` spans (log-spaced)
+    warmup: float = 0.0  # share of the log (by time) replayed but not measured (replay.core.warmup)
 
     def __post_init__(self):
         self.streams = check_modes(self.streams)
@@ -69,6 +71,9 @@ class CapacityGrid:
             raise ValueError(f"unknown policy(ies) {bad}; choose from {', '.join(POLICIES)}")
         for c in self.capacities:
             parse_size(c)
+        self.warmup = parse_warmup(self.warmup)
+        if self.sample_rate is not None and self.warmup:
+            raise ValueError("a sampled run measures the whole log: drop the warm-up or the sample rate")
         if self.sample_rate is not None:
             if not 0 < self.sample_rate <= 1:
                 raise ValueError("the sample rate must be in (0, 1]")
@@ -96,7 +101,11 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
     ``bytes_per_token``); ``warm_hit_ratio`` over the last half of the requests
     (processing order); ``max_replica_share`` the busiest replica's share of
     the requests. Belady with prefix routing has no row (its future would
-    depend on the routing being simulated)."""
+    depend on the routing being simulated). With ``grid.warmup`` = f > 0,
+    requests, prompt_tokens, hit_tokens and hit_ratio count only the last
+    1 − f of the requests by time (the pass still sees them all) and a last
+    ``warmup`` column says so; warm_hit_ratio stays the last half's and
+    max_replica_share all requests'."""
     grid = grid or CapacityGrid()
     prepare(con, modes=(), tokenizer=tokenizer, progress=progress)
     configs = [(m, r, ro) for m in grid.streams for r in grid.replicas for ro in grid.routings_for(r)]
@@ -125,9 +134,12 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
                 labels = grid.routings if r == 1 else (ro,)  # (one replica: every routing is the same)
                 for routing in labels:
                     rows += _rows(figures, grid, m, r, routing, policy, b, caps[key], bytes_per_token, n)
-    return pl.DataFrame(rows, schema=SCHEMA, orient="row").sort(
+    df = pl.DataFrame(rows, schema=SCHEMA, orient="row").sort(
         ["stream", "replicas", "routing", "policy", "block", "ttl_s", "capacity_blocks"], nulls_last=True,
         maintain_order=True)
+    if grid.warmup:  # (a whole-log run keeps its columns exactly)
+        df = df.with_columns(pl.lit(grid.warmup, dtype=pl.Float64).alias("warmup"))
+    return df
 
 
 def _read(con, passes: dict, logs: dict, seed: int, n: int) -> int:
@@ -161,13 +173,20 @@ def _capacities(grid: CapacityGrid, segments: dict, logs: dict, bytes_per_token:
 
 @dataclass
 class _Figures:
-    """Hit tokens [TTL, capacity], the same over the warm half, the busiest
-    replica's share [TTL, capacity], and the prompt tokens (all, warm half)."""
+    """Hit tokens [TTL, capacity] of the measured requests, the same over the
+    warm half, the busiest replica's share [TTL, capacity], and the prompt
+    tokens (measured, warm half) and how many requests were measured."""
     hit: np.ndarray
     warm_hit: np.ndarray
     share: np.ndarray
     prompt: int
     warm_prompt: int
+    measured: int = -1  # -1: every request
+
+
+def _measured(n: int, grid: CapacityGrid) -> np.ndarray:
+    """Which of ``n`` requests (processing order) are measured under the grid's warm-up."""
+    return np.arange(n) >= warmup_count(n, grid.warmup)
 
 
 def _one_pass(seg: Segments | SampledRefs, grid: CapacityGrid, caps: list[int], n: int) -> _Figures:
@@ -178,8 +197,11 @@ def _one_pass(seg: Segments | SampledRefs, grid: CapacityGrid, caps: list[int], 
     else:
         hit, _, whit = counts(seg, ttls, caps, warm)
     share = float(np.bincount(seg.replica).max() / n) if n else 0.0
-    return _Figures(hit, whit, np.full(hit.shape, share), int(seg.prompt_tokens.sum()),
-                    int(seg.prompt_tokens[warm].sum()))
+    meas = _measured(len(seg), grid)
+    if grid.warmup and not isinstance(seg, SampledRefs):
+        hit = whit if np.array_equal(meas, warm) else counts(seg, ttls, caps, meas)[2]
+    return _Figures(hit, whit, np.full(hit.shape, share), int(seg.prompt_tokens[meas].sum()),
+                    int(seg.prompt_tokens[warm].sum()), int(meas.sum()))
 
 
 def _simulated(log, grid: CapacityGrid, caps: list[int], replicas: int, routing: str, policy: str,
@@ -188,17 +210,18 @@ def _simulated(log, grid: CapacityGrid, caps: list[int], replicas: int, routing:
     shape = (len(ttls), len(caps))
     hit, whit, share = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64), np.zeros(shape)
     warm = np.arange(len(log)) >= len(log) // 2
+    meas = _measured(len(log), grid)
     replica_of = None
     if routing != "prefix":
         router = Router(replicas, routing, grid.seed, len(log))
         replica_of = np.array([router(i, k) for i, k in enumerate(log.keys)], dtype=np.int64)
     for ci, c in enumerate(caps):
         h, where = simulate(log, c, ttls, replicas, replica_of, "prefix" if replica_of is None else "fixed", policy)
-        hit[:, ci], whit[:, ci] = h.sum(axis=1), h[:, warm].sum(axis=1)
+        hit[:, ci], whit[:, ci] = h[:, meas].sum(axis=1), h[:, warm].sum(axis=1)
         for ti in range(len(ttls)):
             share[ti, ci] = np.bincount(where[ti], minlength=replicas).max() / n if n else 0.0
     tokens = np.asarray(log.prompt_tokens, dtype=np.int64)
-    return _Figures(hit, whit, share, int(tokens.sum()), int(tokens[warm].sum()))
+    return _Figures(hit, whit, share, int(tokens[meas].sum()), int(tokens[warm].sum()), int(meas.sum()))
 
 
 def _rows(f: _Figures, grid: CapacityGrid, mode: str, replicas: int, routing: str, policy: str, block: int,
@@ -209,6 +232,6 @@ def _rows(f: _Figures, grid: CapacityGrid, mode: str, replicas: int, routing: st
             h = int(f.hit[ti, ci])
             out.append((mode, None if t == math.inf else float(t), block, c,
                         None if bytes_per_token is None else c * block * bytes_per_token, replicas, routing, policy,
-                        n, f.prompt, h, h / f.prompt if f.prompt else 0.0,
+                        n if f.measured < 0 else f.measured, f.prompt, h, h / f.prompt if f.prompt else 0.0,
                         int(f.warm_hit[ti, ci]) / f.warm_prompt if f.warm_prompt else 0.0, float(f.share[ti, ci])))
     return out

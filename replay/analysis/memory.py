@@ -47,13 +47,14 @@ class MemoryFigures:
 
 def memory_figures(con, streams=("tenant", "global"), ttls=(300.0, math.inf), block: int = 16,
                    bytes_per_token: int | None = None, model: str | None = None,
-                   headline: tuple[str, float] | None = None, tokenizer=None) -> MemoryFigures:
+                   headline: tuple[str, float] | None = None, tokenizer=None,
+                   warmup: float = 0.0) -> MemoryFigures:
     """Compute the section's figures (see :class:`MemoryFigures`); ``headline``
     (stream, TTL) picks the curve the replicas table is for (default: the first
-    of each)."""
+    of each); ``warmup``: measure on the last 1 − warmup of the requests (``replay.core.warmup``)."""
     headline = headline or (streams[0], ttls[0])
     grid = CapacityGrid(blocks=(block,), capacities=("auto",), ttls=tuple(ttls), streams=tuple(streams),
-                        auto_points=CURVE_POINTS)
+                        auto_points=CURVE_POINTS, warmup=warmup)
     curve = capacity(con, grid, bytes_per_token=bytes_per_token, tokenizer=tokenizer).select(
         ["stream", "ttl_s", "capacity_blocks", "capacity_bytes", "hit_ratio"])
     sizes = _sizes(curve)
@@ -64,7 +65,7 @@ def memory_figures(con, streams=("tenant", "global"), ttls=(300.0, math.inf), bl
         n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
         routings = tuple(r for r in ROUTINGS if r != "prefix" or n <= PREFIX_ROUTING_MAX_REQUESTS)
         rgrid = CapacityGrid(blocks=(block,), capacities=(str(size90["blocks_90"][0]),), ttls=(headline[1],),
-                             streams=(headline[0],), replicas=REPLICAS, routings=routings)
+                             streams=(headline[0],), replicas=REPLICAS, routings=routings, warmup=warmup)
         replicas = capacity(con, rgrid, bytes_per_token=bytes_per_token, tokenizer=tokenizer).select(
             ["replicas", "routing", "capacity_blocks", "hit_ratio", "max_replica_share"])
     return MemoryFigures(block, bytes_per_token, model, curve, sizes, replicas, headline)
@@ -201,6 +202,7 @@ def memory_section(con, out_dir, grid: Grid | None = None, bytes_per_token: int 
     h = headline_config(grid)
     streams = tuple(dict.fromkeys([h["stream"]] + [m for m in ("global",) if m in grid.streams]))
     ttls = tuple(dict.fromkeys([h["ttl"], math.inf]))
-    f = memory_figures(con, streams, ttls, h["block"], bytes_per_token, model, tokenizer=tokenizer)
+    f = memory_figures(con, streams, ttls, h["block"], bytes_per_token, model, tokenizer=tokenizer,
+                       warmup=grid.warmup)
     plot_memory(f, Path(out_dir) / "memory_vs_hits.png")
     return "\n".join(memory_markdown(f))

@@ -9,7 +9,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -20,7 +22,9 @@ from replay.analysis.overview import idle_gaps, overview
 from replay.core.grid import Grid
 from replay.core.sweep import sweep
 from replay.core.times import format_ttl
+from replay.core.warmup import describe as describe_warmup
 from replay.prepare import prepare
+from replay.store.failpoints import failpoint
 
 Section = Callable[[object, Path], str]
 
@@ -131,6 +135,10 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
     grid = grid or Grid()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    path = out / "report.md"
+    # report.md is written last, whole or not at all: a run stopped on the way
+    # leaves no report.md rather than an earlier run's beside this run's plots
+    path.unlink(missing_ok=True)
     prepare(con, modes=grid.streams, horizon_us=grid.horizon_us, tokenizer=tokenizer, progress=progress)
     res = sweep(con, grid)
     res.write_parquet(out / "sweep.parquet")
@@ -144,11 +152,12 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
               "How long each stream sat idle before a request. Requests to the right of a TTL line "
               "find their prefix gone at that TTL.", "", "![idle gaps](idle_gaps.png)", ""]
     for section in extra_sections:
+        failpoint("report.section")
         try:
             lines += [section(con, out), ""]
         except Exception as exc:  # noqa: BLE001 - an optional section must not lose the report
-            print(f"report: a section could not be computed ({type(exc).__name__}: {exc})", file=sys.stderr)
-            lines += [f"_A section could not be computed: {type(exc).__name__}: {exc}_", ""]
+            print(f"report: a section could not be computed ({failure(exc)})", file=sys.stderr)
+            lines += [f"_A section could not be computed: {failure(exc)}_", ""]
     lines += ["## How to read this", "",
               "- *Hit ratio* = cached prompt tokens / all prompt tokens (token-weighted, first requests "
               "included), as vLLM reports it. A hit is the longest prefix shared with an earlier request "
@@ -157,9 +166,31 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
               "- Stream modes: `tenant` — one cache per tenant; `key` — per prompt_cache_key (tenant when "
               "missing); `global` — everyone shares one cache. Whatever the mode, a cache belongs to one "
               "model: requests to different models never share a prefix.", ""]
-    path = out / "report.md"
-    path.write_text("\n".join(lines))
+    tmp = path.with_name(".report.md.partial")
+    tmp.write_text("\n".join(lines))
+    os.replace(tmp, path)
     return path
+
+
+def _generated_at() -> dt.datetime:
+    """Now, or SOURCE_DATE_EPOCH when set (the reproducible-builds convention:
+    two runs over the same data then write the same bytes)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    return (dt.datetime.fromtimestamp(int(epoch), dt.timezone.utc) if epoch and epoch.isdigit()
+            else dt.datetime.now(dt.timezone.utc))
+
+
+def failure(exc: BaseException) -> str:
+    """What failed: the message when replay's own code raised it (those name
+    options, fields and types, never a value of the logs); else the exception's
+    type and where — not its message, which may quote the logs' text (a value
+    that did not parse, a key that was missing)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    last = frames[-1] if frames else None
+    if last is not None and "replay" in Path(last.filename).parts and (last.line or "").startswith("raise "):
+        return f"{type(exc).__name__}: {exc}"
+    where = f" in {Path(last.filename).name}:{last.lineno} ({last.name})" if last is not None else ""
+    return f"{type(exc).__name__}{where}; its message is not shown, as it may quote prompt text"
 
 
 def _summary(ov: dict, res: pl.DataFrame, grid: Grid, h: dict, title: str | None) -> list[str]:
@@ -180,7 +211,7 @@ def _summary(ov: dict, res: pl.DataFrame, grid: Grid, h: dict, title: str | None
         ["stream", "ttl", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit %", "requests_hit"])
     return [
         f"# {title or 'Prefix-cache sizing report'}", "",
-        f"_Generated {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC by `replay`; tokenizer: "
+        f"_Generated {_generated_at():%Y-%m-%d %H:%M} UTC by `replay`; tokenizer: "
         f"`{ov['tokenizer'] or 'none (block trace)'}`._", "",
         "## Summary", "",
         f"- **{ov['requests']:,} requests** over {span_h:.1f} h from {ov['tenants']} tenant(s), "
@@ -196,7 +227,8 @@ def _summary(ov: dict, res: pl.DataFrame, grid: Grid, h: dict, title: str | None
         f"block {best['block']}, min {best['min_prefix']}). That spread is the honest error bar of the "
         "estimate: which end applies depends on what your provider or engine shares and keeps.",
         "- This is a *ceiling*: what an unbounded cache with these rules would hit. Provider rules, "
-        "capacity and prices lower it (see the later sections where present).", "",
+        "capacity and prices lower it (see the later sections where present).",
+        f"- Measured over {describe_warmup(grid.warmup)}; `--warmup` changes it.", "",
         "## Ceiling against TTL", "", "![ceiling vs TTL](ceiling_vs_ttl.png)", "",
         "<details><summary>The whole sweep</summary>", "", _md_table(table), "", "</details>", ""]
 
@@ -207,7 +239,7 @@ def _per_stream(con, grid: Grid, h: dict, out: Path) -> list[str]:
              "An aggregate over streams misleads: a few large streams can carry the ratio. "
              f"Per stream at TTL {format_ttl(h['ttl'])}, block {h['block']}:", ""]
     per_grid = Grid(ttls=tuple(sorted({h["ttl"], math.inf})), blocks=(h["block"],),
-                    min_prefixes=(h["min_prefix"],),
+                    min_prefixes=(h["min_prefix"],), warmup=grid.warmup,
                     streams=tuple(m for m in ("tenant", "key") if m in grid.streams) or grid.streams[:1])
     prepare(con, modes=per_grid.streams, horizon_us=per_grid.horizon_us)
     per = sweep(con, per_grid, by_stream=True)
@@ -224,8 +256,9 @@ def _per_stream(con, grid: Grid, h: dict, out: Path) -> list[str]:
         plot_stream_bars(top, out / f"streams_{mode}.png",
                          f"hit ratio per {mode} stream (TTL {format_ttl(h['ttl'])}, block {h['block']})")
         shown = top.select(["stream_key", "model", "requests", "prompt_tokens",
-                            (pl.col("hit_ratio") * 100).round(1).alias(f"hit % @{format_ttl(h['ttl'])}"),
-                            (pl.col("hit_inf") * 100).round(1).alias("hit % @inf")])
+                            (pl.col("hit_ratio") * 100).round(1).alias(f"hit % @{format_ttl(h['ttl'])}")]
+                           + ([(pl.col("hit_inf") * 100).round(1).alias("hit % @inf")]
+                              if h["ttl"] != math.inf else []))  # (a headline TTL of inf: one column)
         lines += [f"### By {mode} ({len(d)} streams{', top 25 by tokens' if len(d) > 25 else ''})", "",
                   f"![per {mode}](streams_{mode}.png)", "", _md_table(shown), ""]
     return lines

@@ -272,7 +272,8 @@ def normalized_copy(con, fixes, tokenizer=None):
         new.append(dumps(body))
     req = req.set_column(req.schema.get_field_index("body"), "body", pa.array(new, pa.string()))
     _replay_copy = req  # noqa: F841 - read by DuckDB by name
-    out.execute("INSERT INTO requests SELECT * FROM _replay_copy")
+    # by name: columns added by a migration sit in another place in an older file
+    out.execute("INSERT INTO requests BY NAME SELECT * FROM _replay_copy")
     tok = _tokenizer(tokenizer)
     if db.get_meta(con, "tokenizer") == tok.name:
         _replay_segs = db.arrow(con, "SELECT seg_id, n_tokens, tokens FROM segments")  # noqa: F841

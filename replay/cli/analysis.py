@@ -8,6 +8,7 @@ import click
 
 from replay import api
 from replay.cli.options import csv_values, db_option, ingest_options, kv_model, kv_options, load_logs, one_config
+from replay.cli.options import warmup_option
 
 
 @click.command("diagnose")
@@ -164,8 +165,10 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel degree: adds capacity_bytes_per_gpu (a replica's bytes / TP).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array, one object per configuration.")
+@warmup_option
 def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacities, ttls, streams, replicas,
-             routings, policies, seed, sample_rate, model, model_config, kv_bytes_per_token, kv_dtype, tp, as_json):
+             routings, policies, seed, sample_rate, model, model_config, kv_bytes_per_token, kv_dtype, tp, as_json,
+             warmup):
     """How much memory and how many replicas: the hit ratio of a finite cache.
 
     \b
@@ -175,7 +178,9 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     every capacity and TTL of the grid (LRU, routing decided in advance);
     prefix routing and belady are simulated per capacity. warm_hit_ratio is
     over the last half of the requests, max_replica_share the busiest
-    replica's share of them.
+    replica's share of them; with --warmup F, requests, prompt_tokens,
+    hit_tokens and hit_ratio count only the last 1 - F of the requests (a
+    last `warmup` column says so).
     """
     bpt, _ = kv_model(model, model_config, kv_bytes_per_token, kv_dtype)
     con = api.open_db(db_path)
@@ -183,7 +188,7 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     try:
         grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
                                 replicas=replicas, routings=routings, policies=policies, seed=seed,
-                                sample_rate=sample_rate)
+                                sample_rate=sample_rate, warmup=warmup)
         df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
@@ -192,6 +197,8 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     if as_json:
         click.echo(json.dumps(df.to_dicts()))
         return
+    if warmup:
+        click.echo(f"hit % measured over {api.describe_warmup(warmup)}; warm % over the last half", err=True)
     click.echo(f"{'stream':<8} {'ttl':>6} {'block':>6} {'capacity':>12} {'GiB':>9} {'R':>3} {'routing':<12} "
                f"{'policy':<7} {'hit %':>6} {'warm %':>7} {'busiest':>8}")
     for r in df.to_dicts():

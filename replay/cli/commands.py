@@ -9,7 +9,8 @@ import click
 
 from replay import api
 from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_model, kv_options, load_logs,
-                                print_table, profile_names, tokenizer_option)
+                                plain_name, print_table, profile_names, tokenizer_option)
+from replay.cli.options import warmup_option
 
 @click.command()
 @click.argument("logs", nargs=-1, required=True)
@@ -28,6 +29,13 @@ def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
                                "skipped_files": s.skipped_files, "by_reason": dict(s.rejected_by_reason)}))
 
     load_logs(api.open_db(db_path), logs, fmt, fields, time_unit, quiet=as_json, report=report if as_json else None)
+
+
+def _is_plain(name: str) -> bool:
+    try:
+        return plain_name(None, None, name) == name
+    except click.BadParameter:
+        return False
 
 
 @click.command()
@@ -52,17 +60,21 @@ def tokenize(db_path, tokenizer):
 @click.option("--by-stream", is_flag=True, help="One row per cache (stream key and model) as well.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array of configurations.")
 @click.option("--parquet", type=click.Path(dir_okay=False), default=None, help="Also write the rows as Parquet.")
+@warmup_option
 def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, profiles, by_stream,
-          as_json, parquet):
+          as_json, parquet, warmup):
     """Hit-rate ceiling for every TTL × block × minimum prefix × stream mode.
 
     Given LOGS, they are ingested first (into --db); given none, the sweep
     runs on what the database already holds. One replay serves the whole grid.
     """
-    g = grid(ttls, blocks, mins, streams)
+    g = grid(ttls, blocks, mins, streams, warmup)
+    names = profile_names(profiles)
+    if names and g.warmup:
+        raise click.BadParameter("the warm-up applies to the ideal sweep, not to --profile sweeps",
+                                 param_hint="--warmup")
     con = api.open_db(db_path)
     load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
-    names = profile_names(profiles)
     if names:
         df = api.profile_sweep(con, names, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
     else:
@@ -72,6 +84,8 @@ def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, 
     if as_json:
         click.echo(json.dumps(df.to_dicts()))
         return
+    if g.warmup:
+        click.echo(f"measured over {api.describe_warmup(g.warmup)}", err=True)
     print_table(df)
 
 
@@ -98,20 +112,22 @@ def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer
 @db_option
 @ingest_options
 @grid_options
-@click.option("--name", default=None, help="Report folder name under --out (default: 'sample' for the "
-                                           "shipped sample, else the first log's stem).")
+@click.option("--name", default=None, callback=plain_name,
+              help="Report folder name under --out: one plain name (default: 'sample' for the shipped "
+                   "sample, else the first log's stem).")
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
 @click.option("--fresh", is_flag=True, help="Start from an empty database file.")
 @_price_options
 @kv_options
+@warmup_option
 def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, name, out, fresh,
-        prices, price_model, **kv):
+        prices, price_model, warmup, **kv):
     """The batch job: ingest → tokenize → replay → sweep → report.
 
     Without LOGS it runs on the shipped sample (data/sample). The report goes
     to OUT/NAME/report.md with its plots.
     """
-    g = grid(ttls, blocks, mins, streams)
+    g = grid(ttls, blocks, mins, streams, warmup)
     kv = kv_model(**kv)
     if not logs:
         if not Path(SAMPLE).exists():
@@ -120,8 +136,9 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
         logs = (SAMPLE,)
         name = name or "sample"
     name = name or Path(logs[0].rstrip("/")).stem.split(".")[0] or "report"
-    if fresh and Path(db_path).exists():
-        Path(db_path).unlink()
+    name = name if _is_plain(name) else "report"
+    if fresh:
+        api.remove_db(db_path)
     con = api.open_db(db_path)
     tok = api.load_tokenizer(tokenizer)  # its encoder process loads and works while ingest runs
     load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
@@ -134,13 +151,15 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
 @click.command()
 @db_option
 @grid_options
-@click.option("--name", default="report", show_default=True)
+@click.option("--name", default="report", show_default=True, callback=plain_name,
+              help="Report folder name under --out: one plain name.")
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
 @_price_options
 @kv_options
-def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model, **kv):
+@warmup_option
+def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model, warmup, **kv):
     """Write the report from what the database already holds."""
-    g = grid(ttls, blocks, mins, streams)
+    g = grid(ttls, blocks, mins, streams, warmup)
     kv = kv_model(**kv)
     con = api.open_db(db_path)
     load_logs(con, (), None, {}, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -33,6 +34,20 @@ def _fields(ctx, param, values):
             raise click.BadParameter(f"unknown field {k!r}: timestamp, tenant, key, session, user or model")
         out[{"user": "user_id"}.get(k, k)] = path
     return out
+
+
+def plain_name(ctx, param, value):
+    """A click callback: ``value`` must be one plain folder name — no path
+    separator, not ``.`` or ``..``, not absolute — so a report named with it stays
+    inside the folder it is written under (``--out``)."""
+    if value is None:
+        return None
+    bad = (value in ("", ".", "..") or "/" in value or "\\" in value or "\0" in value
+           or os.path.isabs(value) or (os.altsep is not None and os.altsep in value))
+    if bad:
+        raise click.BadParameter(f"{value!r} is not a plain folder name: give one name, without '/', "
+                                 "'\\', '.' or '..' (the report goes to OUT/NAME)")
+    return value
 
 
 def db_option(f):
@@ -122,9 +137,24 @@ def _one_ttl(text: str) -> float:
         raise click.BadParameter(str(e), param_hint="--ttl") from None
 
 
-def grid(ttls, blocks, mins, streams) -> api.Grid:
+def warmup_option(f):
+    """``--warmup F``: measure on the last 1 − F of the requests by time (sweep, capacity, run, report)."""
+    return click.option("--warmup", default="0", show_default=True, callback=_warmup,
+                        help="Share of the log (by time) to replay without measuring, e.g. 0.5: the figures "
+                             "then count only the last half of the requests, with caches warmed by the first "
+                             "(as peers that report a warm hit rate do). 0 = the whole log.")(f)
+
+
+def _warmup(ctx, param, value):
     try:
-        return api.Grid(ttls=ttls, blocks=blocks, min_prefixes=mins, streams=streams)
+        return api.parse_warmup(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def grid(ttls, blocks, mins, streams, warmup: float = 0.0) -> api.Grid:
+    try:
+        return api.Grid(ttls=ttls, blocks=blocks, min_prefixes=mins, streams=streams, warmup=warmup)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from replay.core.streams import check_modes
 from replay.core.times import INF_US, ttl_us
+from replay.core.warmup import parse_warmup
 
 DEFAULT_TTLS = (300.0, 1800.0, 3600.0, math.inf)
 DEFAULT_BLOCKS = (1, 16, 512)
@@ -24,6 +25,7 @@ class Grid:
     blocks: tuple[int, ...] = DEFAULT_BLOCKS
     min_prefixes: tuple[int, ...] = DEFAULT_MIN_PREFIXES
     streams: tuple[str, ...] = DEFAULT_STREAMS
+    warmup: float = 0.0  # share of the log (by time) replayed but not measured (replay.core.warmup)
 
     def __post_init__(self):
         self.ttls = tuple(float(t) for t in self.ttls)
@@ -36,6 +38,7 @@ class Grid:
             raise ValueError("minimum prefixes must be ≥ 0")
         for t in self.ttls:
             ttl_us(t)  # raises on a negative or NaN TTL
+        self.warmup = parse_warmup(self.warmup)
 
     @property
     def size(self) -> int:

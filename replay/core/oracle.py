@@ -82,15 +82,27 @@ def block_hit(L: int, block: int, min_prefix: int) -> int:
     return 0 if h < min_prefix else h
 
 
+def measured(requests: Sequence[OracleRequest], warmup: float = 0) -> list[int]:
+    """Indices of the measured requests with a warm-up share ``warmup``: all but the
+    first floor(warmup · n) in processing order (the replay still sees them all)."""
+    from fractions import Fraction
+
+    order = time_order(requests)
+    return sorted(order[math.floor(Fraction(str(warmup)) * len(order)):])
+
+
 def sweep(requests: Sequence[OracleRequest], modes=("tenant", "key", "global"),
           ttls=(300, 1800, 3600, math.inf), blocks=(1, 16, 512),
-          min_prefixes=(0, 1024)) -> list[dict]:
-    """The sweep's aggregate rows (``ttls`` in seconds, as the grid takes them)."""
+          min_prefixes=(0, 1024), warmup: float = 0) -> list[dict]:
+    """The sweep's aggregate rows (``ttls`` in seconds, as the grid takes them);
+    with ``warmup``, over the measured requests only (:func:`measured`)."""
     rows = []
-    prompt_tokens = sum(len(r.tokens) for r in requests)
+    keep = measured(requests, warmup)
+    prompt_tokens = sum(len(requests[i].tokens) for i in keep)
     for mode in modes:
         for ttl in ttls:
-            L = ceiling(requests, mode, ttl_us(ttl))
+            L_all = ceiling(requests, mode, ttl_us(ttl))
+            L = [L_all[i] for i in keep]
             for b in blocks:
                 for m in min_prefixes:
                     hits = [block_hit(x, b, m) for x in L]
@@ -99,7 +111,7 @@ def sweep(requests: Sequence[OracleRequest], modes=("tenant", "key", "global"),
                         "stream": mode,
                         "ttl_s": None if ttl == math.inf else float(ttl),
                         "block": b, "min_prefix": m,
-                        "requests": len(requests),
+                        "requests": len(keep),
                         "prompt_tokens": prompt_tokens,
                         "hit_tokens": hit_tokens,
                         "hit_ratio": hit_tokens / prompt_tokens if prompt_tokens else 0.0,

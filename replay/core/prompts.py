@@ -1,8 +1,10 @@
 """The replay's input: every replayable request, in processing order, as a symbol array.
 
 Text requests are their prompt's tokens (the concatenation of its segments);
-block traces (Mooncake) are their block ids, made negative so they never meet
-token ids, with each block's token length in ``cum``. Requests are read in
+block traces (Mooncake, Bailian, RAGPulse, kv-cache-tester: requests with
+``block_ids``) are their block ids, made negative so they never meet token ids,
+with each block's token depth in ``cum`` (``block_lengths``, or Mooncake's
+512-token rule); tokens beyond the blocks are prompt tokens no walk reaches. Requests are read in
 time order, ties in input order (semantics.md), a chunk at a time. Requests
 set aside by the tokenize stage (unrenderable) are not replayed.
 """
@@ -10,11 +12,13 @@ set aside by the tokenize stage (unrenderable) are not replayed.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Iterator
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -30,7 +34,7 @@ MOONCAKE_BLOCK = 512
 RECENT_CONVERSATIONS = 512  # latest prompt kept per (tenant, session or key), to build the next one from
 
 #: the requests the replay walks: those with a prompt row, and block traces (which need none)
-REPLAYABLE = "(r.format = 'mooncake' OR p.request_id IS NOT NULL)"
+REPLAYABLE = "(r.block_ids IS NOT NULL OR p.request_id IS NOT NULL)"
 
 
 @dataclass
@@ -51,6 +55,8 @@ class Prompt:
     # they are a path of the trie already (replay_prompts)
     shared: int = 0
     previous: tuple[int, str | None, str | None, str | None] | None = None
+    # block traces: the tokens of each whole block (None: chunks of varying length)
+    block: int | None = None
 
 
 def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -61,6 +67,36 @@ def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarr
         sizes[-1] = input_length - MOONCAKE_BLOCK * (len(ids) - 1)
     cum = np.concatenate([[0], np.cumsum(sizes)])
     return -(ids + 1), cum
+
+
+def block_symbols(block_ids, block_lengths, input_length: int) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """A block trace's symbols and cumulative token depths, from its ids and their
+    token lengths (None: Mooncake's rule), and its blocks' size (None when they
+    vary: RAGPulse's chunks)."""
+    if block_lengths is None:
+        symbols, cum = mooncake_symbols(block_ids, input_length)
+        return symbols, cum, MOONCAKE_BLOCK
+    ids = np.asarray(block_ids, dtype=np.int64)
+    sizes = np.asarray(block_lengths, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(sizes)])
+    block = int(sizes[0]) if len(sizes) else None
+    if block is not None and not (np.all(sizes[:-1] == block) and sizes[-1] <= block):
+        block = None
+    return -(ids + 1), cum, block
+
+
+def trace_blocks(p: "Prompt", b: int) -> tuple[int, int]:
+    """(trace blocks per block of ``b`` tokens, whole ``b``-token blocks) of a
+    block trace: only blocks its ids cover count, and ``b`` must be a multiple
+    of the trace's block."""
+    n_blocks = int(p.cum[-1]) // b
+    if n_blocks == 0:
+        return 1, 0
+    if p.block is None:
+        raise ValueError("a trace of chunks of varying length (RAGPulse) has no whole blocks of a fixed size")
+    if b % p.block:
+        raise ValueError(f"a block trace has {p.block}-token blocks: choose a multiple of it")
+    return b // p.block, n_blocks
 
 
 class SegmentStore:
@@ -137,18 +173,19 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
     last: OrderedDict = OrderedDict()
     for tbl in time_ordered_chunks(con, f"""
             r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model, r.format,
-            p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.input_length""", chunk):
+            p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.block_lengths, r.input_length""", chunk):
         # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
-        cols = {c: db.list_rows(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids")}
+        cols = {c: db.list_rows(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids", "block_lengths")}
         meta = {c: tbl.column(c).to_pylist() for c in
                 ("request_id", "ts_us", "tenant", "prompt_cache_key", "session", "model", "format",
                  "input_length")}
         for k, rid in enumerate(meta["request_id"]):
             ts, key, session, model = (meta[c][k] for c in ("ts_us", "prompt_cache_key", "session", "model"))
-            output, shared, previous, cum = None, 0, None, None
-            if meta["format"][k] == "mooncake":
-                symbols, cum = mooncake_symbols(_or_empty(cols["block_ids"][k]), int(meta["input_length"][k] or 0))
-                n = int(cum[-1])
+            output, shared, previous, cum, block = None, 0, None, None, None
+            if cols["block_ids"][k] is not None:
+                symbols, cum, block = block_symbols(cols["block_ids"][k], cols["block_lengths"][k],
+                                                    int(meta["input_length"][k] or 0))
+                n = max(int(cum[-1]), int(meta["input_length"][k] or 0))
             else:
                 ids = _or_empty(cols["seg_ids"][k]).tolist()
                 conv = (meta["tenant"][k], session or key)
@@ -166,7 +203,7 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                 if len(out_ids):
                     output = segs.concat(out_ids)
             yield Prompt(rid, ts, meta["tenant"][k], key, session, symbols, cum, output, n, model,
-                         shared, previous)
+                         shared, previous, block)
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)
@@ -187,21 +224,101 @@ def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
     to DuckDB as an Arrow table it joins with inside the chunk's id range (zone
     maps skip the rest) and orders by.
     """
-    order = con.execute(f"SELECT r.request_id FROM requests r LEFT JOIN prompts p USING (request_id) "
-                        f"WHERE {REPLAYABLE} ORDER BY r.ts_us, r.request_id").fetchnumpy()["request_id"]
-    name = f"__replay_chunk_ids_{next(_CHUNK_VIEWS)}"  # generators of one connection may interleave
-    for start in range(0, len(order), chunk):
-        ids = order[start:start + chunk]
-        con.register(name, pa.table({"request_id": pa.array(ids, pa.int64()),
-                                     "__pos": pa.array(np.arange(len(ids), dtype=np.int64))}))
-        try:
-            tbl = db.arrow(con, f"SELECT {columns} FROM requests r LEFT JOIN prompts p USING (request_id) "
-                                f"JOIN {name} q ON q.request_id = r.request_id "
-                                f"WHERE r.request_id BETWEEN {int(ids.min())} AND {int(ids.max())} "
-                                f"ORDER BY q.__pos")
-        finally:
-            con.unregister(name)
-        yield tbl
+    room = _Room(con)
+    try:
+        got = room.run(lambda: db.arrow(con, f"SELECT r.request_id, r.ts_us, {_WEIGHT} AS w FROM requests r "
+                                             f"LEFT JOIN prompts p USING (request_id) WHERE {REPLAYABLE}"))
+        rid, ts, weight = (got.column(c).to_numpy().astype(np.int64) for c in ("request_id", "ts_us", "w"))
+        by_time = np.lexsort((rid, ts))
+        order = rid[by_time]
+        name = f"__replay_chunk_ids_{next(_CHUNK_VIEWS)}"  # generators of one connection may interleave
+        for start, stop in _chunk_bounds(weight[by_time], chunk):
+            ids = order[start:stop]
+            yield room.run(lambda: _fetch_chunk(con, columns, ids, name))
+    finally:
+        room.restore()
+
+
+def _fetch_chunk(con, columns: str, ids: np.ndarray, name: str):
+    con.register(name, pa.table({"request_id": pa.array(ids, pa.int64()),
+                                 "__pos": pa.array(np.arange(len(ids), dtype=np.int64))}))
+    try:
+        return db.arrow(con, f"SELECT {columns} FROM requests r LEFT JOIN prompts p USING (request_id) "
+                             f"JOIN {name} q ON q.request_id = r.request_id "
+                             f"WHERE r.request_id BETWEEN {int(ids.min())} AND {int(ids.max())} "
+                             f"ORDER BY q.__pos")
+    finally:
+        con.unregister(name)
 
 
 _CHUNK_VIEWS = itertools.count()
+CHUNK_BLOCK_TOKENS = 1 << 26  # block-trace tokens a chunk holds at most (kv-cache-tester's: ~1M ids, 12 MB)
+# a request's weight in a chunk: its tokens when it is a block trace (read without its lists)
+_WEIGHT = "CASE WHEN r.block_ids IS NULL THEN 0 ELSE coalesce(r.input_length, 0) END"
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+class _Room:
+    """Memory for scans of long lists. DuckDB holds the items of 2,048 rows at
+    once in each scanning thread, whatever the chunk: block traces with
+    thousands of ids a request (kv-cache-tester's reach 13,000) need more than
+    a small cap. A query that runs out is run again with the cap doubled, up to
+    half the machine's memory; the cap is put back when the chunks are read."""
+
+    def __init__(self, con):
+        self.con = con
+        self.before = db.arrow(con, "SELECT current_setting('memory_limit') AS m").column("m")[0].as_py()
+        self.now = _bytes(self.before)
+        self.raised = False
+
+    def run(self, query):
+        while True:
+            try:
+                return query()
+            except duckdb.OutOfMemoryException:
+                top = _physical_memory() // 2
+                if self.now is None or self.now >= top:
+                    raise
+                self.now = min(2 * self.now, top)
+                self._set(f"{self.now // 2**20}MiB")
+                self.raised = True
+
+    def restore(self) -> None:
+        if self.raised:
+            self._set(self.before)
+            self.raised = False
+
+    def _set(self, value: str) -> None:
+        self.con.execute(f"SET memory_limit = '{value}'")
+        if hasattr(self.con, "complete"):
+            self.con.complete()
+
+
+def _bytes(setting: str) -> int | None:
+    num, _, unit = setting.strip().partition(" ")
+    try:
+        return int(float(num) * _UNITS[unit.upper() or "B"])
+    except (ValueError, KeyError):
+        return None
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def _chunk_bounds(weight: np.ndarray, chunk: int):
+    """(start, stop) of each chunk: at most ``chunk`` requests, and at most
+    CHUNK_BLOCK_TOKENS tokens of block traces unless one request alone has more
+    (their lists are long: kv-cache-tester's hold thousands of ids a request)."""
+    start, n = 0, len(weight)
+    cum = np.concatenate([[0], np.cumsum(weight)])
+    while start < n:
+        stop = min(start + chunk, n)
+        if cum[stop] - cum[start] > CHUNK_BLOCK_TOKENS:
+            stop = max(start + 1, int(np.searchsorted(cum, cum[start] + CHUNK_BLOCK_TOKENS, side="right")) - 1)
+        yield start, stop
+        start = stop

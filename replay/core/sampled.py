@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.core.capacity import _Fenwick
-from replay.core.prompts import MOONCAKE_BLOCK, RECENT_CONVERSATIONS, Prompt
+from replay.core.prompts import RECENT_CONVERSATIONS, Prompt, trace_blocks
 from replay.core.streams import stream_key
 from replay.core.times import INF_US
 
@@ -181,7 +181,7 @@ class SampledPass:
         those sampled, deepest first. A block's id mixes the hash of its whole
         prefix, its cache's salt and its end."""
         per = self._per(p, b)
-        n_blocks = p.n_tokens // b if p.cum is not None else len(p.symbols) // b
+        n_blocks = trace_blocks(p, b)[1] if p.cum is not None else len(p.symbols) // b
         if _compiled is not None:
             return n_blocks, _compiled.sampled_block_ids(h, per, n_blocks, salt, self._threshold)
         ends = np.arange(1, n_blocks + 1, dtype=np.uint64) * np.uint64(per)
@@ -194,9 +194,7 @@ class SampledPass:
         """Symbols per block of ``b`` tokens."""
         if p.cum is None:
             return b
-        if b % MOONCAKE_BLOCK:  # a block trace: its symbols are blocks already
-            raise ValueError(f"a block trace has {MOONCAKE_BLOCK}-token blocks: choose a multiple of it")
-        return b // MOONCAKE_BLOCK
+        return trace_blocks(p, b)[0]  # a block trace: its symbols are blocks already
 
     def result(self) -> dict[int, SampledRefs]:
         tokens, replica = _int64(self._tokens), _int64(self._replica)

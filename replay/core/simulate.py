@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.core.prompts import MOONCAKE_BLOCK, Prompt
+from replay.core.prompts import Prompt, trace_blocks
 from replay.core.streams import stream_key
 from replay.core.times import INF_US
 
@@ -59,9 +59,7 @@ class BlockLogBuilder:
         key = stream_key(self.mode, p.tenant, p.key, p.session)
         b, intern = self.log.block, self._intern
         if p.cum is not None:  # a block trace: its symbols are blocks already
-            if b % MOONCAKE_BLOCK:
-                raise ValueError(f"a block trace has {MOONCAKE_BLOCK}-token blocks: choose a multiple of it")
-            per, n_blocks, syms = b // MOONCAKE_BLOCK, p.n_tokens // b, p.symbols
+            (per, n_blocks), syms = trace_blocks(p, b), p.symbols
         else:
             per, n_blocks, syms = b, len(p.symbols) // b, p.symbols
         data = np.ascontiguousarray(syms, dtype=np.int64).tobytes()

@@ -17,10 +17,14 @@ from replay.core import hits
 from replay.core.grid import Grid
 from replay.core.times import INF_US, seconds
 from replay.core.walks import Walks, read_walks
+from replay.core.warmup import measured_walks
+from replay.store import db
+from replay.store.failpoints import failpoint
 
 COLUMNS = ["stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit_ratio",
            "requests_hit"]
 STREAM_COLUMNS = ["stream_key", "model"]  # after `stream`, with by_stream
+WARMUP_COLUMN = "warmup"  # last, only with a warm-up: the share of the log replayed but not measured
 
 
 def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = True,
@@ -30,9 +34,13 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     ``by_stream=True`` adds the cache's stream key and model (one row per cache
     per configuration). Rows come mode by mode, then TTL, minimum prefix, block
     size (and cache) as in ``grid``; aggregate rows are also stored in `results`.
+    With ``grid.warmup`` = f > 0 the figures count only the last 1 − f of the
+    requests by time (``replay.core.warmup``; the replay still saw them all),
+    rows gain a last ``warmup`` column and are stored as profile ``ideal warmup=f``.
     """
     grid = grid or Grid()
     w = read_walks(con, grid.streams, horizon_us=grid.horizon_us, with_streams=by_stream)
+    w = measured_walks(w, grid.warmup)  # (the replay saw every request; only the measured ones count)
     group, caches, first = _groups(w, len(grid.streams), by_stream)
     n_groups = first[-1]
     req = np.bincount(group, minlength=n_groups)
@@ -41,9 +49,13 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     hit, nhit = hits.hit_counts(w.offsets, w.gaps, w.depths, group, n_groups, ttls, blocks, mins)
     data = _columns(grid, caches, first, req, ptk, hit, nhit, by_stream)
     if store and not by_stream:
-        _store(con, data, profile)
+        # warm-up figures are another measure: kept beside the whole log's, never over them
+        _store(con, data, profile if not grid.warmup else f"{profile} warmup={grid.warmup:g}")
     cols = COLUMNS[:1] + (STREAM_COLUMNS if by_stream else []) + COLUMNS[1:]
-    return pl.DataFrame([pl.Series(c, data[c], dtype=_TYPES[c][1], nan_to_null=(c == "ttl_s")) for c in cols])
+    df = pl.DataFrame([pl.Series(c, data[c], dtype=_TYPES[c][1], nan_to_null=(c == "ttl_s")) for c in cols])
+    if grid.warmup:  # (a whole-log sweep keeps its columns exactly)
+        df = df.with_columns(pl.lit(grid.warmup, dtype=pl.Float64).alias(WARMUP_COLUMN))
+    return df
 
 
 def _groups(w: Walks, n_modes: int, by_stream: bool):
@@ -95,8 +107,15 @@ def _store(con, data: dict, profile: str) -> None:
     n = len(data["hit_tokens"])
     res = pa.table({"profile": pa.array([profile] * n, pa.string()),  # noqa: F841 (read by DuckDB)
                     **{c: pa.array(data[c], _TYPES[c][0], from_pandas=True) for c in COLUMNS}})  # NaN -> null
-    con.execute("DELETE FROM results WHERE profile = ?", [profile])
-    con.execute("INSERT INTO results SELECT * FROM res")  # DuckDB reads the Arrow table by name
+    con.execute("BEGIN TRANSACTION")  # (a run stopped here keeps the profile's previous rows)
+    try:
+        con.execute("DELETE FROM results WHERE profile = ?", [profile])
+        failpoint("sweep.results_deleted")
+        con.execute("INSERT INTO results SELECT * FROM res")  # DuckDB reads the Arrow table by name
+        con.execute("COMMIT")
+    except BaseException:
+        db.rollback_quietly(con)
+        raise
 
 
 _STRING, _FLOAT, _INT = (pa.string(), pl.String), (pa.float64(), pl.Float64), (pa.int64(), pl.Int64)

@@ -13,8 +13,9 @@ import json
 from itertools import repeat
 from typing import Any
 
-from replay.readers.fields import (SESSION_NAMES, TENANT_NAMES, TS_NAMES, Options, Reject, as_str,
+from replay.readers.fields import (MAX_LIST_ITEMS, SESSION_NAMES, TENANT_NAMES, TS_NAMES, Options, Reject, as_str,
                                    common_attrs, int_or_none, get_path, type_name)
+from replay.readers.diagnostics import diagnostics_row
 from replay.readers.timestamps import record_ts
 from replay.store.jsontext import dumps
 
@@ -29,7 +30,7 @@ def _as_obj(v: Any) -> Any:
     if isinstance(v, str) and v[:1] == "{":
         try:
             return json.loads(v)
-        except ValueError:
+        except (ValueError, RecursionError):
             return v
     return v
 
@@ -178,6 +179,10 @@ def _check_chat_body(body: Any, where: str) -> None:
         raise Reject("wrong_type", f"field 'tools' is {type_name(tools)}, expected an array")
     if (not msgs) and not sysv and not tools:
         raise Reject("no_prompt", "the request body has empty 'messages' and no 'system' or 'tools'")
+    # each message and tool is a blob of the body, with a separator beside it
+    if 2 * (len(msgs or ()) + len(tools or ())) > MAX_LIST_ITEMS:
+        raise Reject("too_large", f"the request body has {len(msgs or ()):,} messages and {len(tools or ()):,} tools, "
+                                  f"more than the {MAX_LIST_ITEMS // 2:,} allowed")
 
 
 def convert_chat(rec: dict, fmt: str, opts: Options) -> dict:
@@ -219,5 +224,7 @@ def convert_chat(rec: dict, fmt: str, opts: Options) -> dict:
         elif isinstance(response.get("content"), list):
             out = dumps(response["content"])
     row["output"] = out
-    row.update(usage_row(usage_of(rec, response)))
+    usage = usage_of(rec, response)
+    row.update(usage_row(usage))
+    row.update(diagnostics_row(response, usage, rec))  # the provider's cache verdict, where logged
     return row

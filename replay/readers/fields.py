@@ -21,6 +21,11 @@ FIELD_ALIASES = {"ts": "timestamp", "key": "prompt_cache_key"}
 
 INT32 = (-(2**31), 2**31 - 1)
 INT64 = (-(2**63), 2**63 - 1)
+# Most items one list of a row may have (tokens, hash_ids, a body's messages and
+# tools): far beyond any real request (a few million tokens of context), and
+# small enough for one row's list to fit DuckDB's capped memory (db.connect),
+# which a line of 32 MB of "1," (16 million tokens) would not.
+MAX_LIST_ITEMS = 1 << 22
 
 MISSING = object()
 
@@ -34,6 +39,13 @@ class Reject(Exception):
         self.detail = detail
 
 
+def too_deep(what: str = "the record") -> Reject:
+    """A value that parsed, but nests too deeply to be serialized again: the parser
+    and the serializer share Python's recursion limit, and the serializer runs
+    deeper in the stack (RecursionError there is caught and becomes this)."""
+    return Reject("too_large", f"{what} nests too deeply to be stored")
+
+
 @dataclass
 class Options:
     fields: dict[str, str] = field(default_factory=dict)
@@ -42,6 +54,10 @@ class Options:
     # ingest stores bodies as content-addressed blobs: converters then hand over
     # the parsed body (row["body_obj"]) instead of serializing it (row["body"])
     split_body: bool = False
+    # what the converters of the current file keep between its records (reset per
+    # file by ingest): "path" (the file), "salt" (a digest of its bytes, for ids
+    # local to the file), a Bailian file's chat chains, RAGPulse's chunk lengths
+    file_state: dict = field(default_factory=dict)
 
 
 def normalize_fields(fields: dict[str, str] | None) -> dict[str, str]:

@@ -8,19 +8,25 @@ only — never a value that could be prompt text.
 This module is the dispatcher (which format a record is, which converter
 loads it); the formats themselves live beside it: `fields` (field lookup,
 `Options`, `Reject`), `timestamps`, `chat` (anthropic, openai), `traces`
-(tokens, mooncake) and `trajectory` (mini-swe-agent).
+(tokens, mooncake), `hashtraces` (bailian, ragpulse, kv-cache-tester) and
+`trajectory` (mini-swe-agent); the gateway and tracing exports in `otel` and
+`gateways` (litellm, langfuse), what they share in `exported`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from replay.readers.chat import chat_parts, usage_of, chat_scores, convert_chat, usage_row
+from replay.readers.hashtraces import (LENGTHS_FORMAT, convert_bailian, convert_kv_trace, convert_ragpulse,
+                                       is_kv_trace, is_lengths_record)
 from replay.readers.fields import (FIELD_ALIASES, FIELD_KEYS, INT32, INT64, KEY_NAMES, SESSION_NAMES, TENANT_NAMES,
                                    TS_NAMES, Options, Reject, get_path, normalize_fields, type_name)
 from replay.readers.timestamps import TIME_UNITS, guess_unit, parse_ts
 from replay.readers.traces import convert_mooncake, convert_tokens
 from replay.readers.trajectory import BASH_TOOL, convert_trajectory
+from replay.readers.gateways import convert_langfuse, convert_litellm, expand_langfuse, is_langfuse, is_litellm
+from replay.readers.otel import convert_otel, expand_otel, is_otel
 
 __all__ = [
     "FORMATS", "TIME_UNITS", "CONVERTERS", "BASH_TOOL",
@@ -30,7 +36,13 @@ __all__ = [
     "convert_trajectory",
 ]
 
-FORMATS = ("anthropic", "openai", "tokens", "mooncake", "trajectory")
+FORMATS = ("anthropic", "openai", "tokens", "mooncake", "trajectory", "bailian", "ragpulse", "kv-cache-tester")
+#: formats whose file is one JSON document of many requests (converted by DOCUMENT_CONVERTERS)
+DOCUMENT_FORMATS = ("trajectory", "kv-cache-tester")
+#: gateway and tracing exports (`otel`, `gateways`); a record of `otel` or `langfuse`
+#: may hold many requests (an OTLP export's spans, an API page): EXPANDERS make each a unit
+GATEWAY_FORMATS = ("otel", "litellm", "langfuse")
+FORMATS = FORMATS + GATEWAY_FORMATS
 
 
 def detect_record(rec: Any, whole_document: bool = False) -> tuple[str | None, bool]:
@@ -46,8 +58,17 @@ def detect_record(rec: Any, whole_document: bool = False) -> tuple[str | None, b
         "trajectory_format" in rec or ("info" in rec and "instance_id" in rec)
     ):
         return "trajectory", True
+    if whole_document and is_kv_trace(rec):
+        return "kv-cache-tester", True
     if isinstance(rec.get("hash_ids"), list) and "input_length" in rec:
-        return "mooncake", True
+        return ("bailian" if "chat_id" in rec or "parent_chat_id" in rec else "mooncake"), True
+    if isinstance(rec.get("hash_ids"), dict) and "input_length" in rec:
+        return "ragpulse", True
+    if is_lengths_record(rec):
+        return LENGTHS_FORMAT, True
+    gateway = _gateway(rec)
+    if gateway is not None:
+        return gateway, True
     if isinstance(rec.get("tokens"), list):
         return "tokens", True
     body, response, _ = chat_parts(rec)
@@ -68,6 +89,18 @@ CONVERTERS = {
     "openai": lambda rec, opts: convert_chat(rec, "openai", opts),
     "tokens": convert_tokens,
     "mooncake": convert_mooncake,
+    "bailian": convert_bailian,
+    "ragpulse": convert_ragpulse,
+}
+
+CONVERTERS.update({"otel": convert_otel, "litellm": convert_litellm, "langfuse": convert_langfuse})
+
+#: formats whose one record may hold several units: record → units (records or Rejects)
+EXPANDERS = {"otel": expand_otel, "langfuse": expand_langfuse}
+
+DOCUMENT_CONVERTERS = {
+    "trajectory": convert_trajectory,
+    "kv-cache-tester": convert_kv_trace,
 }
 
 
@@ -79,9 +112,34 @@ def convert_record(rec: Any, fmt: str | None, opts: Options) -> dict:
         raise Reject("unknown_format", "could not detect the log format of this file from its records "
                                        f"(record has {len(rec)} top-level keys{_key_hint(rec)}); "
                                        "pass format= to force one")
-    if fmt == "trajectory":
-        raise Reject("wrong_type", "a trajectory record must be a whole JSON document, not one line of a file")
+    if fmt == LENGTHS_FORMAT:
+        raise Reject("wrong_type", "a line of RAGPulse's chunk lengths is side data of a trace, not a request")
+    if fmt in DOCUMENT_FORMATS:
+        raise Reject("wrong_type", f"a {fmt} record must be a whole JSON document, not one line of a file")
     return CONVERTERS[fmt](rec, opts)
+
+
+def expand_units(records: Iterable[tuple[Any, Any]], fmt: str | None) -> Iterable[tuple[Any, Any]]:
+    """The (line, unit) pairs of a file's (line, record) pairs: a record of an
+    EXPANDERS format gives one pair per request it holds (each loaded or
+    rejected on its own, with the record's line number); others are units as is."""
+    expand = EXPANDERS.get(fmt) if fmt is not None else None
+    if expand is None:
+        return records
+    return ((ln, unit) for ln, item in records
+            for unit in (expand(item) if isinstance(item, dict) else (item,)))
+
+
+def _gateway(rec: dict) -> str | None:
+    """A gateway or tracing export's record (before the chat formats: a LiteLLM
+    record has top-level `messages` too)."""
+    if is_otel(rec):
+        return "otel"
+    if is_litellm(rec):
+        return "litellm"
+    if is_langfuse(rec):
+        return "langfuse"
+    return None
 
 
 def _key_hint(rec: dict) -> str:

@@ -29,6 +29,7 @@ from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_field
 from replay.readers.loader import FileIngest, FileStats
 from replay.readers.writer import Writer
 from replay.store import db
+from replay.store.failpoints import failpoint
 
 __all__ = ["IngestSummary", "ingest", "summary_text", "expand_paths"]
 
@@ -238,13 +239,17 @@ class _Run:
 
     def _unreadable(self, path: str, e: OSError) -> None:
         """A file that cannot even be hashed: one reject, no sources row (retried next time)."""
+        self.deferred.wait()
+        self.con.execute(_FORGET_UNREADABLE, [path])  # the reject of an earlier try: one per file, not per run
         self.writer.reject(None, path, None, "unreadable_file", describe_error(e))
         self.writer.flush()
         _add(self.summary, FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
         _tick(self.fbar)
 
     def _commit(self, job: FileIngest, path: str, sid: int, sha: str, stats: FileStats) -> None:
+        failpoint("ingest.file_loaded")  # (the file's rows are in its open transaction)
         self.writer.flush()
+        self.deferred.submit(self.con.execute, _FORGET_UNREADABLE, [path])  # readable now
         self.deferred.submit(self.con.execute,
                              "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected, "
                              "time_unit) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -253,6 +258,7 @@ class _Run:
         # committed on the deferred thread while the next file is read; an error
         # there is raised at the next file's first insert, or at the end
         self.deferred.submit(self.con.commit)
+        self.deferred.submit(failpoint, "ingest.file_committed")
 
     def wait_last_commit(self) -> None:
         try:
@@ -270,6 +276,9 @@ class _Run:
         for bar in (self.lbar, self.fbar):
             if bar is not None:
                 bar.close()
+
+
+_FORGET_UNREADABLE = "DELETE FROM rejects WHERE source_id IS NULL AND reason = 'unreadable_file' AND path = ?"
 
 
 def _tick(bar: Any) -> None:

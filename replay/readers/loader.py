@@ -8,6 +8,7 @@ line-based file is detected from its first records unless forced.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
@@ -16,10 +17,12 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from replay.readers.fields import Options, Reject
+from replay.readers.fields import Options, Reject, too_deep
 from replay.readers.files import (decode_text, doc_error, file_kind, guard_units, is_plain_file, iter_jsonl, iter_parquet,
-                                  open_binary, read_all, trajectory_stem)
-from replay.readers.formats import convert_record, convert_trajectory, detect_record
+                                  open_binary, parse_line, read_all, trajectory_stem)
+from replay.readers.formats import DOCUMENT_CONVERTERS, DOCUMENT_FORMATS, convert_record, detect_record
+from replay.readers.formats import expand_units
+from replay.readers.hashtraces import LENGTHS_FORMAT, is_lengths_record
 from replay.readers.writer import Writer
 
 DETECT_LOOKAHEAD = 100  # parseable records examined when the first ones are ambiguous
@@ -34,6 +37,22 @@ class FileStats:
     by_reason: dict[str, int] = field(default_factory=dict)
 
 
+def _looks_like_json_lines(data: bytes, lines: int = 20) -> bool:
+    """A .json file that does not parse whole, but with a JSON object of its own on one
+    of its first lines: JSON Lines, some of them damaged (a byte that is not UTF-8, a
+    cut line, junk) — read line by line rather than refused whole for them. (A
+    pretty-printed document has no such line: its objects open at the end of one.)"""
+    pos = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    for _ in range(lines):
+        end = data.find(b"\n", pos)
+        if end < 0:
+            return False
+        if data[pos:pos + 1] == b"{" and isinstance(parse_line(data[pos:end]), dict):
+            return True
+        pos = end + 1
+    return False
+
+
 class FileIngest:
     """Loads one new file: units → rows/rejects, counting as it goes."""
 
@@ -44,7 +63,8 @@ class FileIngest:
         self.sid = source_id
         self.next_id = first_id
         self.forced = forced
-        self.opts = dataclasses.replace(opts, file_unit=None)  # the file decides its own time unit
+        # the file decides its own time unit; its converters keep their state per file
+        self.opts = dataclasses.replace(opts, file_unit=None, file_state={"path": path})
         self.pbar = pbar
         self.stats = FileStats(format=forced)
         self.slow: set[int] = set()  # JSONL lines the standard parser had to read
@@ -60,12 +80,16 @@ class FileIngest:
         self._tick()
 
     def _load(self, line_no: int, fmt: str, row: dict) -> None:
+        ids = {"request_id": self.next_id, "source_id": self.sid, "line_no": line_no, "format": fmt}
+        fast = self.kind == "jsonl" and line_no not in self.slow
+        try:
+            self.w.request(ids, row, fast, self.memo)  # (leaves nothing behind when it raises)
+        except RecursionError:  # the body nests too deeply to be serialized
+            self._reject(line_no, too_deep())
+            return
+        self.next_id += 1
         self.stats.lines += 1
         self.stats.loaded += 1
-        ids = {"request_id": self.next_id, "source_id": self.sid, "line_no": line_no, "format": fmt}
-        self.next_id += 1
-        fast = self.kind == "jsonl" and line_no not in self.slow
-        self.w.request(ids, row, fast, self.memo)
         self._tick()
 
     def _tick(self) -> None:
@@ -110,7 +134,17 @@ class FileIngest:
             if fmt is None:
                 fmt = fallback
             self.stats.format = fmt
-        for ln, item in itertools.chain(head, units):
+        if fmt == "ragpulse" and not head:  # forced: is this a side file of the trace?
+            for ln, item in units:
+                head.append((ln, item))
+                if not isinstance(item, Reject):
+                    break
+        if fmt == LENGTHS_FORMAT or (fmt == "ragpulse" and head and is_lengths_record(head[-1][1])):
+            # RAGPulse's chunk lengths: side data the trace's converter reads, no request in it
+            self.stats.format = LENGTHS_FORMAT
+            return
+        # (an OTLP export's line holds many spans: expand_units makes each a unit)
+        for ln, item in expand_units(itertools.chain(head, units), fmt):
             if isinstance(item, Reject):
                 self._reject(ln, item)
                 continue
@@ -118,6 +152,9 @@ class FileIngest:
                 row = convert_record(item, fmt, self.opts)
             except Reject as r:
                 self._reject(ln, r)
+                continue
+            except RecursionError:
+                self._reject(ln, too_deep())
                 continue
             self._load(ln, fmt, row)  # type: ignore[arg-type]
 
@@ -127,15 +164,19 @@ class FileIngest:
         try:
             doc = json.loads(decode_text(data))
         except (ValueError, RecursionError) as e:
-            if head == b"{" and isinstance(e, json.JSONDecodeError) and e.msg == "Extra data":
+            if (head == b"{" and isinstance(e, json.JSONDecodeError) and e.msg == "Extra data") \
+                    or _looks_like_json_lines(data):
                 self._records(iter_jsonl(io.BytesIO(data)))  # JSON Lines named .json
                 return
             self._reject(None, doc_error(e))
             return
         if isinstance(doc, list):
             self._records(iter([(i, x) for i, x in enumerate(doc, 1)]))
-        elif self.forced is None and detect_record(doc, whole_document=True)[0] == "trajectory":
-            self._trajectory(doc)
+        elif (fmt := self.forced or detect_record(doc, whole_document=True)[0]) in DOCUMENT_FORMATS:
+            if fmt == "kv-cache-tester":  # its ids are local to the file: salted with its bytes
+                self.opts.file_state["salt"] = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(),
+                                                              "little")
+            self._trajectory(doc, fmt)
         else:
             self._records(iter([(1, doc)]))
 
@@ -149,16 +190,20 @@ class FileIngest:
             return
         self._trajectory(doc)
 
-    def _trajectory(self, doc: Any) -> None:
-        self.stats.format = "trajectory"
+    def _trajectory(self, doc: Any, fmt: str = "trajectory") -> None:
+        """One document of many requests (a trajectory, a kv-cache-tester conversation)."""
+        self.stats.format = fmt
         self.memo = {}  # the turns share their message objects: key each once
         try:
-            units = list(convert_trajectory(doc, trajectory_stem(self.path), self.opts))
+            units = list(DOCUMENT_CONVERTERS[fmt](doc, trajectory_stem(self.path), self.opts))
         except Reject as r:
             self._reject(None, r)
+            return
+        except RecursionError:  # (a converter serializing a value nested too deeply)
+            self._reject(None, too_deep("the document"))
             return
         for ln, item in units:
             if isinstance(item, Reject):
                 self._reject(ln, item)
             else:
-                self._load(ln, "trajectory", item)
+                self._load(ln, fmt, item)

@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from replay.readers.fields import (INT32, INT64, MISSING, TENANT_NAMES, Options, Reject, as_str,
+from replay.readers.fields import (INT32, INT64, MAX_LIST_ITEMS, MISSING, TENANT_NAMES, Options, Reject, as_str,
                                    common_attrs, int_or_none, lookup_field, get_path, type_name)
 from replay.readers.timestamps import record_ts
+
+
+MOONCAKE_BLOCK = 512  # tokens of a Mooncake block (replay.core.prompts.MOONCAKE_BLOCK)
 
 
 def int_list(v: Any, fname: str, bounds: tuple[int, int]) -> list[int]:
     if not isinstance(v, list):
         raise Reject("wrong_type", f"field '{fname}' is {type_name(v)}, expected an array of integers")
+    if len(v) > MAX_LIST_ITEMS:
+        raise Reject("too_large", f"field '{fname}' has {len(v):,} items, more than the {MAX_LIST_ITEMS:,} allowed")
     lo, hi = bounds
     for i, x in enumerate(v):
         if type(x) is not int:
@@ -69,6 +74,23 @@ def convert_mooncake(rec: dict, opts: Options) -> dict:
     row["ts_us"] = ts
     row["block_ids"] = blocks
     row["input_length"] = _length(rec, "input_length", True)
+    # an optional `block_size` (ours: `replay export --block B` writes it when B is not
+    # 512) sets the blocks' tokens; the rule stays Mooncake's otherwise
+    block = MOONCAKE_BLOCK
+    if rec.get("block_size") is not None:
+        block = int_or_none(rec["block_size"]) or 0
+        if block <= 0:
+            raise Reject("wrong_type", f"field 'block_size' is {type_name(rec['block_size'])}, "
+                                       "expected a positive integer")
+    # Mooncake's rule (core.prompts.mooncake_symbols): 512-token blocks, the last one the
+    # rest of input_length. Fewer tokens than the blocks before it hold would leave the
+    # last block none (or less), and the replay would count hits beyond the prompt.
+    if len(blocks) > 1 and row["input_length"] <= block * (len(blocks) - 1):
+        raise Reject("bad_length", f"field 'input_length' is below the {block * (len(blocks) - 1) + 1:,} "
+                                   f"tokens its {len(blocks):,} hash_ids of {block} tokens need")
+    if block != MOONCAKE_BLOCK and blocks:
+        rest = row["input_length"] - block * (len(blocks) - 1)
+        row["block_lengths"] = [block] * (len(blocks) - 1) + [min(block, rest)]
     row["output_length"] = _length(rec, "output_length", False)
     row["model"] = as_str(rec.get("model"), "model")
     return row

@@ -29,6 +29,7 @@ REQUEST_SCHEMA = pa.schema([
     ("tokens", pa.list_(pa.int32())),
     ("output_tokens", pa.list_(pa.int32())),
     ("block_ids", pa.list_(pa.int64())),
+    ("block_lengths", pa.list_(pa.int32())),
     ("input_length", pa.int64()),
     ("output_length", pa.int64()),
     ("usage_prompt_tokens", pa.int64()),
@@ -36,6 +37,8 @@ REQUEST_SCHEMA = pa.schema([
     ("usage_cache_write_tokens", pa.int64()),
     ("usage_output_tokens", pa.int64()),
     ("body_blobs", pa.list_(pa.uint64())),
+    ("diag_reason", pa.string()),         # the provider's cache diagnostics (replay.readers.diagnostics)
+    ("diag_missed_tokens", pa.int64()),
 ])
 REJECT_SCHEMA = pa.schema([
     ("source_id", pa.int64()),
@@ -77,6 +80,10 @@ class Writer:
             col.append(ids[n] if n in ids else row.get(n))
         self.n_req += 1
         self.req_bytes += len(row.get("body") or "") + len(row.get("output") or "")
+        # list columns count too: a batch of long token or blob lists must not
+        # outgrow DuckDB's capped memory (8 bytes an item is what Python holds)
+        for n in ("body_blobs", "tokens", "output_tokens", "block_ids", "block_lengths"):
+            self.req_bytes += 8 * len(row.get(n) or ())
         blob_bytes = self.blobs.bytes if self.blobs is not None else 0
         if self.n_req >= self.batch_rows or self.req_bytes + blob_bytes >= BATCH_BYTES:
             self._flush_requests()

@@ -140,6 +140,20 @@ REQUEST_BODIES_VIEW = """
 
 SCHEMA_VERSION = "2"  # 2: times as integer microseconds, walk sets, streams split by model
 
+# Columns added within layout 2, each by an idempotent statement: a database
+# written before them keeps working (its rows read as NULL there).
+MIGRATIONS = (
+    # block traces: the token length of each id of `block_ids`; NULL = Mooncake's
+    # rule (512-token blocks, the last one the rest of `input_length`). Tokens
+    # beyond the blocks' sum are prompt tokens that never hit.
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS block_lengths INTEGER[]",
+    # the provider's own verdict on a request's cache use, where the log holds it
+    # (replay.readers.diagnostics): `<provider>:<reason>` (e.g. anthropic:tools_changed,
+    # openai:cache_hit) and the input tokens it says were missed after the divergence
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS diag_reason VARCHAR",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS diag_missed_tokens BIGINT",
+)
+
 
 class OldDatabase(RuntimeError):
     """A database file written by an earlier version of the tables."""
@@ -152,7 +166,17 @@ def create_all(con) -> None:
     if old:
         raise OldDatabase("this database was written by an earlier version of replay (times in float "
                           "seconds); start a new one (replay run --fresh, or another --db) and ingest again")
+    has_meta = con.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = 'meta'").fetchone()[0]
+    version = con.execute("SELECT max(value) FROM meta WHERE key = 'schema_version'").fetchone()[0] \
+        if has_meta else None
+    if version is not None and version != SCHEMA_VERSION:
+        # refused before anything is written: the file stays as it was
+        raise OldDatabase(f"this database has tables of layout {version}, and this replay reads layout "
+                          f"{SCHEMA_VERSION}; use the replay that wrote it, or start a new one (replay run "
+                          "--fresh, or another --db) and ingest again")
     for ddl in TABLES.values():
+        con.execute(ddl)
+    for ddl in MIGRATIONS:
         con.execute(ddl)
     con.execute(REQUEST_BODIES_VIEW)
     con.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", [SCHEMA_VERSION])

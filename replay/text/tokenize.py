@@ -34,8 +34,9 @@ left to diagnostics.
 
 Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
 ``output``); ``tokens`` → one segment holding ``tokens`` (``seg_parts = [1]``)
-and one holding ``output_tokens``; ``mooncake`` → skipped (no prompt row; the
-replay reads ``block_ids`` directly).
+and one holding ``output_tokens``; block traces (``mooncake``, ``bailian``,
+``ragpulse``, ``kv-cache-tester``: rows with ``block_ids``) → skipped (no prompt
+row; the replay reads ``block_ids`` directly).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import pyarrow as pa
 import pyarrow.compute  # noqa: F401 - pa.compute
 
 from replay.store import db
+from replay.store.failpoints import failpoint
 from replay.store.jsontext import loads
 from replay.text.blob_cache import BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows
 from replay.text.render import render_output, render_request
@@ -60,7 +62,7 @@ CHUNK_REQUESTS = (2_000, 10_000)  # requests per transaction: at least, at most 
 BATCH_CHARS = 4_000_000
 
 # the requests this stage has still to do (db.untokenized counts them)
-_WAITING = ("r.format <> 'mooncake' AND NOT EXISTS (SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) "
+_WAITING = ("r.block_ids IS NULL AND NOT EXISTS (SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) "
             "AND NOT EXISTS (SELECT 1 FROM set_aside s WHERE s.request_id = r.request_id)")
 
 @dataclass
@@ -71,7 +73,7 @@ class TokenizeSummary:
     unique_tokens: int     # tokens in those segments (what was actually tokenized)
     logical_tokens: int    # Σ prompt n_tokens of the new prompts
     seconds: float
-    skipped: int = 0       # mooncake rows (no prompt row by design)
+    skipped: int = 0       # block traces (no prompt row by design)
     failed: int = 0        # requests that could not be rendered: set aside (table set_aside)
     cleared: bool = False  # old segments/prompts of another tokenizer were dropped
 
@@ -262,7 +264,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
     cleared = _ensure_tokenizer(con, tok)
     skipped = con.execute(
-        "SELECT count(*) FROM requests r WHERE format = 'mooncake' AND NOT EXISTS "
+        "SELECT count(*) FROM requests r WHERE block_ids IS NOT NULL AND NOT EXISTS "
         "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id)").fetchone()[0]
     pending = con.execute(
         f"SELECT request_id FROM requests r WHERE {_WAITING} ORDER BY request_id").fetchnumpy()["request_id"]
@@ -400,7 +402,9 @@ class _Run:
                 self.logical += int(pa.compute.sum(ptbl.column("n_tokens")).as_py() or 0)
             if got.aside:
                 _set_aside(con, got.aside, self.tok.name)
+            failpoint("tokenize.chunk_written")  # (in the chunk's open transaction)
             self.committer.submit(_commit, con)  # the next chunk's work goes on meanwhile
+            self.committer.submit(failpoint, "tokenize.chunk_committed")
         except BaseException:
             con.execute("ROLLBACK")
             # the in-memory index may now list rows that were rolled back

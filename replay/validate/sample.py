@@ -26,7 +26,8 @@ from replay.text import render
 from replay.text.tokenize import load_prompt_tokens
 from replay.validate.mlx_model import tokenizer_files
 
-TEXT_FORMATS = ("anthropic", "openai", "trajectory")
+# (the gateway / tracing exports hold chat bodies too: replay.readers.exported)
+TEXT_FORMATS = ("anthropic", "openai", "trajectory", "otel", "litellm", "langfuse")
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from replay.analysis.diagnose.agreement import agreement, agreement_lines
 from replay.analysis.diagnose.rules import shown
 from replay.analysis.diagnose.split import CAUSES, PARTS, STRUCTURAL, analyse, frame
 from replay.analysis.whatif import FIXES, normalized_copy, whatif
@@ -65,7 +66,9 @@ def diagnose(con, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
     divergence), so ``tokens_lost`` stays an exact, additive split. ``by_stream``: per
     stream, the additive parts (``hit`` … ``new_content``) and tokens per cause.
     ``examples``: up to ``examples`` requests per premature cause showing where
-    and what differs (masked unless ``show_text``).
+    and what differs (masked unless ``show_text``). ``provider_agreement``: our
+    cause against the provider's own cache diagnostics where the log holds them
+    (``replay.analysis.diagnose.agreement``), else null.
     """
     rows, (work, pending) = _miss_rows(con, ttl, block, min_prefix, stream, profile, tokenizer)
     df = frame(rows)
@@ -118,7 +121,8 @@ def diagnose(con, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
             by_stream.append(entry)
 
     ex = _examples(work, pending, show_text, examples)
-    return {"causes": causes, "by_stream": by_stream, "examples": ex}
+    return {"causes": causes, "by_stream": by_stream, "examples": ex,
+            "provider_agreement": agreement(con, df)}
 
 
 def _examples(con, pending, show_text: bool, per_cause: int) -> list[dict]:
@@ -163,6 +167,8 @@ def format_text(result: dict, ttl=None) -> str:
             g = c["idle_gap_s"]
             lines.append(f"{'':<20} idle gaps: median {g['median']:.0f} s, p90 {g['p90']:.0f} s, "
                          f"max {g['max']:.0f} s")
+    if result.get("provider_agreement"):
+        lines += [""] + agreement_lines(result["provider_agreement"])
     if result["examples"]:
         lines.append("")
         lines.append("examples:")
@@ -211,6 +217,8 @@ def why_miss_section(con, out_dir=None, ttl: float = 300, block: int = 16, min_p
                      f"{100 * c['share_of_prompt_tokens']:.2f} % |")
     if not res["causes"]:
         lines.append("| (none) | 0 | 0 | 0 % |")
+    if res.get("provider_agreement"):
+        lines += [""] + agreement_lines(res["provider_agreement"], markdown=True)
     if n_requests > REPORT_WHATIF_MAX:
         lines += ["", f"(The ceiling after each fix is not computed in the report above "
                       f"{REPORT_WHATIF_MAX:,} requests: `replay whatif --fix all`.)"]
