@@ -194,7 +194,9 @@ def _commands(tmp_path, with_logs: bool) -> list[list[str]]:
     ]
 
 
-def _filled(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module")
+def filled_db(tmp_path_factory) -> Path:
+    """A database after `replay run` on the sample (each test works on a copy)."""
     db = tmp_path_factory.mktemp("filled") / "replay.duckdb"
     res = CliRunner().invoke(main, ["run", str(SAMPLE), "--db", str(db), "--out", str(db.parent / "rep")])
     assert res.exit_code == 0, res.output
@@ -203,9 +205,13 @@ def _filled(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("filled", [False, True], ids=["fresh", "filled"])
 @pytest.mark.parametrize("with_logs", [False, True], ids=["no-logs", "logs"])
-def test_every_command_on_a_fresh_or_filled_database_with_or_without_logs(tmp_path, tmp_path_factory, capfd,
+def test_every_command_on_a_fresh_or_filled_database_with_or_without_logs(tmp_path, filled_db, capfd,
                                                                           filled, with_logs):
-    db = _filled(tmp_path_factory) if filled else tmp_path / "fresh.duckdb"
+    import shutil
+
+    db = tmp_path / "replay.duckdb"
+    if filled:
+        shutil.copy(filled_db, db)
     for args in _commands(tmp_path, with_logs):
         res = CliRunner().invoke(main, args + ([] if args == ["profiles"] else ["--db", str(db)]))
         err = capfd.readouterr().err

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from replay import api
 from replay.cli.main import main
 from replay.core.grid import Grid
+from replay.core.oracle import lcp
 from replay.core.times import ttl_us
 from replay.readers.hashtraces import chain_ids
 from replay.store import db
@@ -52,15 +53,6 @@ def _sweep(con, blocks, streams=("global",), ttls=TTLS):
 
 def _key_ttl(ttl):
     return None if math.isinf(ttl) else ttl
-
-
-def _lcp(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _reconciles(con):
@@ -134,7 +126,7 @@ def _bailian_count(path, block, ttl) -> tuple[int, int]:
         best = 0
         for j in order[:pos]:
             if _us(r["timestamp"]) - _us(recs[j]["timestamp"]) <= ttl:
-                best = max(best, _lcp(r["hash_ids"], recs[j]["hash_ids"]))
+                best = max(best, lcp(r["hash_ids"], recs[j]["hash_ids"]))
         n = r["input_length"]
         depth = min(16 * best, n)  # the matched ids' tokens (the last one partial)
         hit += depth // block * block
@@ -298,7 +290,7 @@ def _kv_count(paths, ttl: int) -> tuple[int, int]:
         best = 0
         for e in reqs[:i]:
             if e[1] == r[1] and e[3] == r[3] and r[0] - e[0] <= ttl:
-                best = max(best, _lcp(r[4], e[4]))
+                best = max(best, lcp(r[4], e[4]))
         hit += 64 * best
         prompt += r[5]
     return prompt, hit

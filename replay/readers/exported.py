@@ -187,6 +187,15 @@ def chat_row(ts_us: int, body: dict, response: Any, ids: dict, opts: Options, wh
     return row
 
 
+def first_tokens(d: dict, *names: str) -> int | None:
+    """The first of ``names`` in ``d`` holding a token count, else None."""
+    for n in names:
+        v = tokens(d.get(n))
+        if v is not None:
+            return v
+    return None
+
+
 def tokens(v: Any) -> int | None:
     """A token count (int, integral float or digit string), else None."""
     if isinstance(v, str) and _DIGITS.fullmatch(v.strip()):

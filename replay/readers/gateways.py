@@ -48,9 +48,11 @@ observation per line):
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from replay.readers.exported import MISSING, chat_row, first, json_value, openai_messages, optional, tokens
+from replay.readers.exported import (MISSING, chat_row, first, first_tokens, json_value, openai_messages, optional,
+                                     tokens)
 from replay.readers.fields import Options, Reject, type_name
 from replay.readers.timestamps import parse_ts
 
@@ -172,12 +174,7 @@ def _langfuse_body(inp: Any) -> dict:
 def _langfuse_usage(o: dict) -> dict:
     d = o.get("usageDetails")
     if isinstance(d, dict) and d:
-        def get(*names):
-            for n in names:
-                v = tokens(d.get(n))
-                if v is not None:
-                    return v
-            return None
+        get = functools.partial(first_tokens, d)
         inp = get("input")
         extra = sum(tokens(v) or 0 for k, v in d.items() if isinstance(k, str) and (
             k.startswith("input_") or (k.startswith("cache_") and k.endswith("input_tokens"))))

@@ -55,9 +55,9 @@ import numpy as np
 
 from replay.readers.fields import (INT64, MISSING, Options, Reject, as_str, common_attrs, get_path,
                                    int_or_none, type_name)
-from replay.readers.files import open_binary
+from replay.readers.files import open_binary, trajectory_stem
 from replay.readers.timestamps import parse_ts, record_ts
-from replay.readers.traces import int_list
+from replay.readers.traces import block_size, int_list, length, uniform_lengths
 
 BAILIAN_BLOCK = 16
 KV_TESTER_BLOCK = 64
@@ -122,47 +122,9 @@ def chain_ids(ids, salt: int) -> list[int]:
 
 # ----------------------------------------------------------------- helpers
 
-def _length(rec: dict, name: str, required: bool) -> int | None:
-    v = rec.get(name)
-    if v is None:
-        if required:
-            raise Reject("missing_field", f"no '{name}' field in the record")
-        return None
-    n = int_or_none(v)
-    if n is None or n < 0:
-        raise Reject("wrong_type", f"field '{name}' is {type_name(v)}, expected a non-negative integer")
-    return n
-
-
-def _block_size(rec: dict, default: int) -> int:
-    v = rec.get("block_size")
-    if v is None:
-        return default
-    n = int_or_none(v)
-    if n is None or n <= 0:
-        raise Reject("wrong_type", f"field 'block_size' is {type_name(v)}, expected a positive integer")
-    return n
-
-
-def uniform_lengths(n_ids: int, block: int, input_length: int, fname: str) -> list[int]:
-    """Mooncake's rule at ``block`` tokens: every block whole but the last, which
-    holds the rest of ``input_length`` (tokens beyond the ids never hit)."""
-    if n_ids == 0:
-        return []
-    if input_length <= block * (n_ids - 1):
-        raise Reject("bad_length", f"field 'input_length' is at most {n_ids - 1} blocks of {block} "
-                                             f"tokens, but '{fname}' has {n_ids} blocks")
-    return [block] * (n_ids - 1) + [min(block, input_length - block * (n_ids - 1))]
-
-
 def _stem(opts: Options) -> str:
     path = opts.file_state.get("path")
-    if not path:
-        return "trace"
-    name = os.path.basename(path)
-    for suf in (".gz", ".zst", ".jsonl", ".json"):
-        name = name[: -len(suf)] if name.endswith(suf) else name
-    return name
+    return trajectory_stem(path) if path else "trace"
 
 
 # ----------------------------------------------------------------- bailian
@@ -172,14 +134,14 @@ def convert_bailian(rec: dict, opts: Options) -> dict:
     if rec.get("hash_ids") is None:
         raise Reject("no_prompt", "no 'hash_ids' field in the record")
     ids = int_list(rec["hash_ids"], "hash_ids", INT64)
-    n_in = _length(rec, "input_length", True)
-    block = _block_size(rec, BAILIAN_BLOCK)
+    n_in = length(rec, "input_length", True)
+    block = block_size(rec, BAILIAN_BLOCK)
     row = common_attrs(rec, opts)
     if "session" not in opts.fields:
         root = _chat_root(rec, opts)
         if root is not None:
             row["session"] = f"{_stem(opts)}:{root}"
-    row.update(ts_us=ts, input_length=n_in, output_length=_length(rec, "output_length", False),
+    row.update(ts_us=ts, input_length=n_in, output_length=length(rec, "output_length", False),
                block_lengths=uniform_lengths(len(ids), block, n_in, "hash_ids"),
                block_ids=chain_ids(ids, salt_of("bailian")),
                model=as_str(get_path(rec, opts.fields["model"]) if "model" in opts.fields else rec.get("model"),
@@ -257,7 +219,7 @@ def convert_ragpulse(rec: dict, opts: Options) -> dict:
     if extra:
         raise Reject("wrong_type", f"field 'hash_ids' has {extra} component(s) beyond "
                                    f"{', '.join(name for name, _ in RAGPULSE_PARTS)}")
-    n_in = _length(rec, "input_length", True)
+    n_in = length(rec, "input_length", True)
     table = _ragpulse_lengths(opts)
     ids: list[int] = []
     lengths: list[int] = []
@@ -275,7 +237,7 @@ def convert_ragpulse(rec: dict, opts: Options) -> dict:
         raise Reject("bad_length", "field 'input_length' is less than the token lengths of the "
                                              "chunks of 'hash_ids'")
     row = common_attrs(rec, opts)
-    row.update(ts_us=ts, input_length=n_in, output_length=_length(rec, "output_length", False),
+    row.update(ts_us=ts, input_length=n_in, output_length=length(rec, "output_length", False),
                block_ids=chain_ids(ids, salt_of("ragpulse")), block_lengths=lengths,
                model=as_str(rec.get("model"), "model"))
     return row
@@ -299,7 +261,7 @@ def convert_kv_trace(doc: Any, stem: str, opts: Options) -> Iterator[tuple[int, 
     if not isinstance(reqs, list):
         raise Reject("wrong_type" if "requests" in doc else "no_prompt",
                      f"field 'requests' is {type_name(reqs) if 'requests' in doc else 'absent'}, expected an array")
-    block = _block_size(doc, KV_TESTER_BLOCK)
+    block = block_size(doc, KV_TESTER_BLOCK)
     salt = opts.file_state.get("salt")
     ctx = {
         "block": block,
@@ -345,7 +307,7 @@ def _kv_row(e: Any, base_us: int, where: str, ctx: dict) -> dict:
     if e.get("hash_ids") is None:
         raise Reject("no_prompt", f"no 'hash_ids' field in {where}")
     ids = int_list(e["hash_ids"], f"{where}.hash_ids", INT64)
-    n_in = _length(e, "in", True)
+    n_in = length(e, "in", True)
     block = ctx["block"]
     if len(ids) * block > n_in:
         raise Reject("bad_length", f"field '{where}.in' is less than its {len(ids)} whole blocks of "
@@ -356,7 +318,7 @@ def _kv_row(e: Any, base_us: int, where: str, ctx: dict) -> dict:
         "session": ctx["session"],
         "model": as_str(e.get("model"), f"{where}.model"),
         "input_length": n_in,
-        "output_length": _length(e, "out", False),
+        "output_length": length(e, "out", False),
         "block_ids": chain_ids(ids, ctx["salt"]),
         "block_lengths": [block] * len(ids),
     }

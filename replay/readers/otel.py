@@ -46,11 +46,12 @@ deprecated ones instrumentations still write):
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
-from replay.readers.exported import (chat_row, first, json_value, openai_messages, openai_tools, system_text,
-                                     tokens)
+from replay.readers.exported import (chat_row, first, first_tokens, json_value, openai_messages, openai_tools,
+                                     system_text, tokens)
 from replay.readers.fields import MISSING, Options, Reject, type_name
 from replay.readers.timestamps import parse_ts
 from replay.store.jsontext import dumps
@@ -239,12 +240,7 @@ def _output(attrs: dict) -> Any:
 
 
 def _usage(attrs: dict) -> dict:
-    def get(*names):
-        for n in names:
-            v = tokens(attrs.get(n))
-            if v is not None:
-                return v
-        return None
+    get = functools.partial(first_tokens, attrs)
     inp = get("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
     cr = get("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens",
              "gen_ai.usage.input_tokens.cached")

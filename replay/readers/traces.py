@@ -53,7 +53,7 @@ def convert_tokens(rec: dict, opts: Options) -> dict:
     return row
 
 
-def _length(rec: dict, name: str, required: bool) -> int | None:
+def length(rec: dict, name: str, required: bool) -> int | None:
     v = rec.get(name)
     if v is None:
         if required:
@@ -65,6 +65,27 @@ def _length(rec: dict, name: str, required: bool) -> int | None:
     return n
 
 
+def block_size(rec: dict, default: int) -> int:
+    v = rec.get("block_size")
+    if v is None:
+        return default
+    n = int_or_none(v)
+    if n is None or n <= 0:
+        raise Reject("wrong_type", f"field 'block_size' is {type_name(v)}, expected a positive integer")
+    return n
+
+
+def uniform_lengths(n_ids: int, block: int, input_length: int, fname: str) -> list[int]:
+    """Mooncake's rule at ``block`` tokens: every block whole but the last, which
+    holds the rest of ``input_length`` (tokens beyond the ids never hit)."""
+    if n_ids == 0:
+        return []
+    if input_length <= block * (n_ids - 1):
+        raise Reject("bad_length", f"field 'input_length' is at most {n_ids - 1} blocks of {block} "
+                                   f"tokens, but '{fname}' has {n_ids} blocks")
+    return [block] * (n_ids - 1) + [min(block, input_length - block * (n_ids - 1))]
+
+
 def convert_mooncake(rec: dict, opts: Options) -> dict:
     ts = record_ts(rec, opts, default_unit="ms")
     if rec.get("hash_ids") is None:
@@ -73,24 +94,18 @@ def convert_mooncake(rec: dict, opts: Options) -> dict:
     row = common_attrs(rec, opts)
     row["ts_us"] = ts
     row["block_ids"] = blocks
-    row["input_length"] = _length(rec, "input_length", True)
+    row["input_length"] = length(rec, "input_length", True)
     # an optional `block_size` (ours: `replay export --block B` writes it when B is not
-    # 512) sets the blocks' tokens; the rule stays Mooncake's otherwise
-    block = MOONCAKE_BLOCK
-    if rec.get("block_size") is not None:
-        block = int_or_none(rec["block_size"]) or 0
-        if block <= 0:
-            raise Reject("wrong_type", f"field 'block_size' is {type_name(rec['block_size'])}, "
-                                       "expected a positive integer")
-    # Mooncake's rule (core.prompts.mooncake_symbols): 512-token blocks, the last one the
-    # rest of input_length. Fewer tokens than the blocks before it hold would leave the
-    # last block none (or less), and the replay would count hits beyond the prompt.
-    if len(blocks) > 1 and row["input_length"] <= block * (len(blocks) - 1):
-        raise Reject("bad_length", f"field 'input_length' is below the {block * (len(blocks) - 1) + 1:,} "
-                                   f"tokens its {len(blocks):,} hash_ids of {block} tokens need")
+    # 512) sets the blocks' tokens; the rule stays Mooncake's otherwise: every block
+    # whole but the last, which holds the rest of input_length (fewer tokens than the
+    # blocks before it hold would let the replay count hits beyond the prompt)
+    block = block_size(rec, MOONCAKE_BLOCK)
+    n_in = row["input_length"]
+    # (a single block holds whatever input_length says, up to a block)
+    lengths = (uniform_lengths(len(blocks), block, n_in, "hash_ids") if len(blocks) > 1
+               else [min(block, n_in)] * len(blocks))
     if block != MOONCAKE_BLOCK and blocks:
-        rest = row["input_length"] - block * (len(blocks) - 1)
-        row["block_lengths"] = [block] * (len(blocks) - 1) + [min(block, rest)]
-    row["output_length"] = _length(rec, "output_length", False)
+        row["block_lengths"] = lengths
+    row["output_length"] = length(rec, "output_length", False)
     row["model"] = as_str(rec.get("model"), "model")
     return row
