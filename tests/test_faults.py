@@ -303,3 +303,22 @@ def test_a_command_with_nothing_to_tokenize_leaves_no_helper_traceback(tmp_path)
     assert code == 1 and "holds no requests" in err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
     assert_no_leftovers(tag)
+
+
+def test_a_sweep_killed_while_replacing_its_results_keeps_the_previous_ones(tmp_path):
+    db = tmp_path / "replay.duckdb"
+    assert replay(SWEEP + ["--db", db, "--ttl", "5m"])[0] == 0
+    before = state(db)["results"]
+    code, *_ = replay(SWEEP + ["--db", db, "--ttl", "1h,inf"], failpoint="sweep.results_deleted")
+    assert code == -signal.SIGKILL
+    assert state(db)["results"] == before  # the delete was rolled back with the kill
+
+
+def test_remove_db_takes_the_write_ahead_log_with_the_file(tmp_path):
+    from replay import api
+
+    db = tmp_path / "replay.duckdb"
+    api.open_db(db).close()
+    Path(f"{db}.wal").write_bytes(b"a log left by a killed run")
+    api.remove_db(db)
+    assert not db.exists() and not Path(f"{db}.wal").exists()
