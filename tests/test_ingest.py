@@ -824,3 +824,59 @@ def test_a_log_and_its_compressed_copies_are_one_file(con, tmp_path, slow_hash):
     (tmp_path / "y.jsonl.gz").write_bytes(gzip.compress(data)[:-12])  # truncated: not the same content
     s = ingest(con, [str(tmp_path / "y.jsonl.gz")])
     assert s.skipped_files == 0
+
+
+# ----------------------------------------------------------------- odd file names, oversized documents
+
+
+def test_file_names_that_are_not_utf8_load_and_are_stored_escaped(con, tmp_path):
+    import os
+
+    base = os.fsencode(tmp_path)
+    good = os.path.join(base, b"caf\xe9-\xff.jsonl")
+    with open(good, "wb") as fh:
+        fh.write((json.dumps(anthropic_wrapped()) + "\n").encode())
+    traj = os.path.join(base, b"run-\xe9.traj.json")
+    with open(traj, "wb") as fh:
+        fh.write(json.dumps({"instance_id": None, "trajectory_format": "mini-swe-agent-1.1", "messages": [
+            {"role": "system", "content": "s"}, {"role": "user", "content": "t"},
+            {"role": "assistant", "content": "a", "extra": {"timestamp": 1700000000}}]}).encode())
+    broken = os.path.join(base, b"bad-\xe9.jsonl.gz")
+    with open(broken, "wb") as fh:
+        fh.write(gzip.compress(b'{"a": 1}\n' * 50)[:30])
+    s = ingest(con, [str(tmp_path)])
+    check_reconciles(con, s)
+    assert (s.files, s.loaded, s.rejected) == (3, 2, 1)
+    paths = sorted(Path(p).name for (p,) in con.execute("SELECT path FROM sources").fetchall())
+    assert paths == ["bad-\\xe9.jsonl.gz", "caf\\xe9-\\xff.jsonl", "run-\\xe9.traj.json"]
+    assert [Path(p).name for p, _, _ in rejects_with_path(con)] == ["bad-\\xe9.jsonl.gz"]
+    again = ingest(con, [str(tmp_path)])
+    assert (again.files, again.skipped_files, again.lines) == (3, 3, 0)
+    with pytest.raises(FileNotFoundError, match=r"missing-\\xe9\.jsonl'"):  # printable, not a lone surrogate
+        expand_paths([os.fsdecode(os.path.join(base, b"missing-\xe9.jsonl"))])
+
+
+def rejects_with_path(con):
+    return con.execute("SELECT path, reason, detail FROM rejects ORDER BY path, line_no").fetchall()
+
+
+def test_a_whole_document_over_the_size_cap_is_one_reject_and_json_lines_still_stream(con, tmp_path, monkeypatch):
+    from replay.readers import files
+
+    monkeypatch.setattr(files, "MAX_DOCUMENT_BYTES", 2000)
+    records = [anthropic_wrapped(ts=1700000000 + i) for i in range(6)]
+    (tmp_path / "big.json").write_text(json.dumps(records))  # one array: a whole document
+    (tmp_path / "lines.json").write_text("\n".join(json.dumps(r) for r in records) + "\n")  # JSON Lines named .json
+    doc = {"instance_id": "i", "trajectory_format": "mini-swe-agent-1.1", "messages": [
+        {"role": "system", "content": "s" * 3000}, {"role": "user", "content": "t"},
+        {"role": "assistant", "content": "a", "extra": {"timestamp": 1700000000}}]}
+    (tmp_path / "t.traj.json").write_text(json.dumps(doc))
+    (tmp_path / "small.json").write_text(json.dumps(records[:1]))
+    s = ingest(con, [str(tmp_path)])
+    check_reconciles(con, s)
+    assert (s.files, s.lines, s.loaded, s.rejected) == (4, 9, 7, 2)
+    assert s.rejected_by_reason == {"too_large": 2}
+    got = {Path(p).name: (ln, lo, rj) for p, ln, lo, rj in
+           con.execute("SELECT path, lines, loaded, rejected FROM sources").fetchall()}
+    assert got == {"big.json": (1, 0, 1), "lines.json": (6, 6, 0), "t.traj.json": (1, 0, 1), "small.json": (1, 1, 0)}
+    assert all(SECRET not in d for _, _, d in rejects_with_path(con))

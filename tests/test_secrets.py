@@ -444,9 +444,13 @@ COMMANDS = {
     "diff-bad-index": ["diff", "session:s-anthropic-extra", "--index", "99", "--db", "{db}"],
     "validate-no-model": ["validate", "--db", "{db}", "--model", "{out}/nosuch"],
     "ingest-missing": ["ingest", "{out}/nothing-here.jsonl", "--db", "{db}"],
+    "export-mooncake": ["export", "--db", "{db}", "--to", "mooncake", "-o", "{out}/trace.jsonl"],
+    "export-bailian": ["export", "--db", "{db}", "--to", "bailian", "--stream", "session", "-o", "{out}/b.jsonl"],
+    "export-text-refused": ["export", "--db", "{db}", "--to", "vllm-custom", "-o", "{out}/prompts.jsonl"],
 }
 FAILING = {"diagnose-bad-profile": 1, "whatif-bad-fix": 1, "capacity-bad": 1, "label-export-no-semantic": 1,
-           "diff-bad-kind": 1, "diff-bad-index": 1, "validate-no-model": 2, "ingest-missing": 2}
+           "diff-bad-kind": 1, "diff-bad-index": 1, "validate-no-model": 2, "ingest-missing": 2,
+           "export-text-refused": 2}
 
 
 def _fill(args, **kw):
@@ -678,6 +682,11 @@ def test_show_text_shows_the_text(world, tmp_path, embedder):
                   "--ttl", "inf"], tmp_path)
     assert run.code == 0, run.texts()
     assert str(tmp_path / "pairs.csv") in run.leaks(tmp_path)
+    for layout in ("vllm-custom", "sglang"):
+        out = tmp_path / f"{layout}.jsonl"
+        run = invoke(["export", "--db", world.db, "--to", layout, "--show-text", "-o", out], tmp_path)
+        assert run.code == 0, run.texts()
+        assert str(out) in run.leaks(tmp_path)
 
 
 # ----------------------------------------------------------------- path traversal

@@ -33,6 +33,11 @@ READ_BUFFER = 1 << 20
 # past a few tens of MB, so no real log line comes near it.
 MAX_LINE_BYTES = 32 << 20
 LINE_PIECE = 1 << 20  # a longer line is read in pieces of this size
+# A whole-document .json (an array, one trajectory) is parsed whole: past this size
+# it is rejected (`too_large`) rather than held — unless it turns out to be JSON
+# Lines, which is read line by line. Parsed, a document takes several times its
+# size; this bounds that at a few GB.
+MAX_DOCUMENT_BYTES = 512 << 20
 
 
 # ----------------------------------------------------------------- paths
@@ -74,21 +79,21 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
             before = len(out)
             add_dir(p)
             if len(out) == before:
-                raise FileNotFoundError(f"no log files in {p!r} (looked for *.jsonl, *.json, *.parquet, "
+                raise FileNotFoundError(f"no log files in '{printable_path(p)}' (looked for *.jsonl, *.json, *.parquet, "
                                         "optionally .gz/.zst, not starting with '.' or '_')")
         elif os.path.exists(p):
             out[os.path.normpath(p)] = None
         elif glob.has_magic(p):
             matches = glob.glob(p, recursive=True)
             if not matches:
-                raise FileNotFoundError(f"no file matches {p!r}")
+                raise FileNotFoundError(f"no file matches '{printable_path(p)}'")
             for m in matches:
                 if os.path.isdir(m):
                     add_dir(m)
                 else:
                     out[os.path.normpath(m)] = None
         else:
-            raise FileNotFoundError(f"no such file or directory: {p!r}")
+            raise FileNotFoundError(f"no such file or directory: '{printable_path(p)}'")
     return sorted(out)
 
 
@@ -328,8 +333,18 @@ def file_kind(path: str, forced: str | None) -> str:
     return "jsonl"
 
 
+def printable_path(path: str) -> str:
+    """`path` as text that can be stored and printed: a file name that is not valid
+    UTF-8 reaches Python with its bad bytes as lone surrogates (PEP 383), which
+    neither DuckDB nor a UTF-8 terminal accepts; they become ``\\xNN`` escapes."""
+    try:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def trajectory_stem(path: str) -> str:
-    name = _strip_compression(os.path.basename(path))
+    name = _strip_compression(os.path.basename(printable_path(path)))
     for suf in (".traj.json", ".json", ".jsonl"):
         if name.endswith(suf):
             return name[: -len(suf)]
@@ -340,9 +355,10 @@ def is_plain_file(fh: Any) -> bool:
     return isinstance(fh, io.BufferedReader) and isinstance(getattr(fh, "raw", None), io.FileIO)
 
 
-def read_all(fh: io.BufferedIOBase) -> bytes:
+def read_all(fh: io.BufferedIOBase, limit: int | None = None) -> bytes:
+    """The whole stream; with `limit`, at most ``limit + 1`` bytes (more than `limit` means too large)."""
     try:
-        return fh.read()
+        return fh.read() if limit is None else fh.read(limit + 1)
     except (OSError, EOFError, zlib.error, zstandard.ZstdError, MemoryError) as e:
         raise ReadError(describe_error(e)) from e
 

@@ -24,7 +24,7 @@ from typing import Any
 import duckdb
 
 from replay.readers.blobs import Blobs
-from replay.readers.files import ReadError, describe_error, expand_paths, file_keys
+from replay.readers.files import ReadError, describe_error, expand_paths, file_keys, printable_path
 from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_fields
 from replay.readers.loader import FileIngest, FileStats
 from replay.readers.writer import Writer
@@ -153,7 +153,7 @@ class _Run:
         self.summary.files += 1
         sha: str | None = None
         fut = self.hashes[path]
-        if path in self.known_paths or fut.done():
+        if printable_path(path) in self.known_paths or fut.done():
             sha = self._new_sha(path, fut, begun=False)
             if sha is None:
                 return
@@ -240,7 +240,7 @@ class _Run:
     def _unreadable(self, path: str, e: OSError) -> None:
         """A file that cannot even be hashed: one reject, no sources row (retried next time)."""
         self.deferred.wait()
-        self.con.execute(_FORGET_UNREADABLE, [path])  # the reject of an earlier try: one per file, not per run
+        self.con.execute(_FORGET_UNREADABLE, [printable_path(path)])  # the reject of an earlier try: one per file, not per run
         self.writer.reject(None, path, None, "unreadable_file", describe_error(e))
         self.writer.flush()
         _add(self.summary, FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
@@ -249,11 +249,11 @@ class _Run:
     def _commit(self, job: FileIngest, path: str, sid: int, sha: str, stats: FileStats) -> None:
         failpoint("ingest.file_loaded")  # (the file's rows are in its open transaction)
         self.writer.flush()
-        self.deferred.submit(self.con.execute, _FORGET_UNREADABLE, [path])  # readable now
+        self.deferred.submit(self.con.execute, _FORGET_UNREADABLE, [printable_path(path)])  # readable now
         self.deferred.submit(self.con.execute,
                              "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected, "
                              "time_unit) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             [sid, path, sha, stats.format, stats.lines, stats.loaded, stats.rejected,
+                             [sid, printable_path(path), sha, stats.format, stats.lines, stats.loaded, stats.rejected,
                               job.opts.time_unit or job.opts.file_unit])
         # committed on the deferred thread while the next file is read; an error
         # there is raised at the next file's first insert, or at the end

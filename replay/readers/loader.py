@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
+from replay.readers import files
 from replay.readers.fields import Options, Reject, too_deep
 from replay.readers.files import (decode_text, doc_error, file_kind, guard_units, is_plain_file, iter_jsonl, iter_parquet,
                                   open_binary, parse_line, read_all, trajectory_stem)
@@ -100,10 +101,14 @@ class FileIngest:
     def run(self) -> FileStats:
         kind = self.kind = file_kind(self.path, self.forced)
         with open_binary(self.path) as fh:
-            if kind == "document":
-                self._document(read_all(fh))
-            elif kind == "json":
-                self._json(read_all(fh))
+            if kind in ("document", "json"):
+                data = read_all(fh, files.MAX_DOCUMENT_BYTES)
+                if len(data) > files.MAX_DOCUMENT_BYTES:
+                    self._too_large_document(data)
+                elif kind == "document":
+                    self._document(data)
+                else:
+                    self._json(data)
             elif kind == "parquet":
                 # parquet needs random access: decompress a .gz/.zst one into memory
                 src: Any = self.path if is_plain_file(fh) else pa.BufferReader(read_all(fh))
@@ -111,6 +116,16 @@ class FileIngest:
             else:
                 self._records(guard_units(iter_jsonl(fh, self.slow)))
         return self.stats
+
+    def _too_large_document(self, head: bytes) -> None:
+        """A .json past MAX_DOCUMENT_BYTES: JSON Lines are streamed; a whole document is one reject."""
+        if self.kind == "json" and _looks_like_json_lines(head):
+            with open_binary(self.path) as fh:
+                self._records(guard_units(iter_jsonl(fh, self.slow)))
+            return
+        self.stats.format = "trajectory" if self.kind == "document" else self.forced
+        self._reject(None, Reject("too_large", f"a whole JSON document over the {files.MAX_DOCUMENT_BYTES:,} bytes "
+                                               "one may have; write it as JSON Lines (one record per line)"))
 
     def _records(self, units: Iterator[tuple[int, Any]]) -> None:
         fmt = self.forced

@@ -7,6 +7,7 @@ import duckdb
 import pyarrow as pa
 
 from replay.readers.blobs import BLOB_SCHEMA, Blobs
+from replay.readers.files import printable_path
 from replay.store import db
 from replay.store.jsontext import dumps
 
@@ -91,10 +92,10 @@ class Writer:
     def reject(self, source_id: int | None, path: str, line_no: int | None, reason: str, detail: str) -> None:
         r = self.rej
         r["source_id"].append(source_id)
-        r["path"].append(path)
+        r["path"].append(printable_path(path))
         r["line_no"].append(line_no)
         r["reason"].append(reason)
-        r["detail"].append(detail)
+        r["detail"].append(printable_path(detail))  # (an OS error quotes the file name)
         self.n_rej += 1
         if self.n_rej >= self.batch_rows:
             self._flush_rejects()
