@@ -24,7 +24,11 @@ from replay.analysis.labels import near_rates, stratified_sample, summarize as s
 from replay.analysis.memory import memory_figures, memory_section, plot_memory  # noqa: F401
 from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
 from replay.analysis.overview import idle_gaps, overview  # noqa: F401
+from replay.analysis.origin import origin_figures, origin_section, routable_shares  # noqa: F401
+from replay.analysis.prefixes import BY as PREFIX_RANKINGS, prefixes_section, top_prefixes  # noqa: F401
 from replay.analysis.report import write_report  # noqa: F401
+from replay.analysis.trend import DEFAULT_THRESHOLD as TREND_THRESHOLD, format_text as format_trend  # noqa: F401
+from replay.analysis.trend import trend, trend_section, weekly_ceilings  # noqa: F401
 from replay.analysis.whatif import FIXES, format_whatif, whatif  # noqa: F401
 from replay.core.grid import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREAMS, DEFAULT_TTLS, Grid  # noqa: F401
 from replay.core.streams import MODES  # noqa: F401
@@ -35,7 +39,10 @@ from replay.prepare import as_tokenizer, prepare
 from replay.providers import profiles as _profiles
 from replay.providers.catalog import get_profile, list_profiles  # noqa: F401
 from replay.providers.kv import MODELS as KV_MODELS, kv_bytes_per_token  # noqa: F401
-from replay.providers.economics import get_price, logged_price_model, savings_section  # noqa: F401
+from replay.providers.economics import get_price, logged_price_model  # noqa: F401
+from replay.providers.auto import AUTO, describe as describe_auto  # noqa: F401
+from replay.providers.catalog import model_family  # noqa: F401
+from replay.providers.model_savings import auto_frame, model_savings, savings_section  # noqa: F401
 from replay.readers.formats import FORMATS, TIME_UNITS  # noqa: F401
 from replay.readers.ingest import IngestSummary, summary_text  # noqa: F401
 from replay.readers.ingest import ingest as _ingest
@@ -50,8 +57,8 @@ __all__ = ["open_db", "remove_db", "ingest", "load_tokenizer", "tokenize", "prep
            "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif", "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
            "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
-           "near_duplicates",
-           "Grid", "format_ttl", "parse_ttl"]
+           "near_duplicates", "trend", "trend_section", "top_prefixes", "prefixes_section",
+           "origin_section", "Grid", "format_ttl", "parse_ttl"]
 
 open_db = db.connect
 remove_db = db.remove

@@ -58,7 +58,8 @@ def test_sweep_json_equals_oracle_on_tokens_logs(tmp_path, seed):
     want = oracle.sweep(reqs, ("tenant", "key", "session", "global"), (10, 60, math.inf), (1, 16, 64), (0, 32))
     _same(got, want)
     assert set(got[0]) == {"stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens",
-                           "hit_tokens", "hit_ratio", "requests_hit"}
+                           "hit_tokens", "hit_ratio", "requests_hit", "hit_same_session", "hit_other_session",
+                           "hit_other_tenant"}
     # a second run on the same database (logs given again) neither re-ingests nor changes a figure
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0

@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from replay.analysis.overview import idle_gaps, overview
+from replay.analysis.html import HTML_NAME, write_html
+from replay.analysis.overview import idle_gaps, overview, unordered_note
 from replay.core.grid import Grid
 from replay.core.sweep import sweep
 from replay.core.times import format_ttl
@@ -127,11 +128,13 @@ def headline_config(grid: Grid) -> dict:
 
 
 def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str | None = None,
-                 extra_sections: list[Section] = (), progress=False, tokenizer=None) -> Path:
+                 extra_sections: list[Section] = (), progress=False, tokenizer=None, html: bool = False) -> Path:
     """Sweep ``grid`` (preparing its walks first) and write ``report.md`` with its
     plots, ``sweep.parquet`` and ``sweep.json`` into ``out_dir``; the
     ``extra_sections`` follow the ceiling's own (one that fails is named in the
-    report, and the rest still come). Returns the report's path."""
+    report, and the rest still come). ``html``: also ``report.html``, the same
+    report as one self-contained page (``replay.analysis.html``). Returns the
+    report's path."""
     grid = grid or Grid()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -139,6 +142,7 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
     # report.md is written last, whole or not at all: a run stopped on the way
     # leaves no report.md rather than an earlier run's beside this run's plots
     path.unlink(missing_ok=True)
+    (out / HTML_NAME).unlink(missing_ok=True)  # (an earlier run's page: never beside another report)
     prepare(con, modes=grid.streams, horizon_us=grid.horizon_us, tokenizer=tokenizer, progress=progress)
     res = sweep(con, grid)
     res.write_parquet(out / "sweep.parquet")
@@ -166,8 +170,11 @@ def write_report(con, out_dir: str | Path, grid: Grid | None = None, title: str 
               "- Stream modes: `tenant` — one cache per tenant; `key` — per prompt_cache_key (tenant when "
               "missing); `global` — everyone shares one cache. Whatever the mode, a cache belongs to one "
               "model: requests to different models never share a prefix.", ""]
+    text = "\n".join(lines)
+    if html:  # written before report.md, which stays the mark of a finished report
+        write_html(text, out)
     tmp = path.with_name(".report.md.partial")
-    tmp.write_text("\n".join(lines))
+    tmp.write_text(text)
     os.replace(tmp, path)
     return path
 
@@ -217,6 +224,7 @@ def _summary(ov: dict, res: pl.DataFrame, grid: Grid, h: dict, title: str | None
         f"- **{ov['requests']:,} requests** over {span_h:.1f} h from {ov['tenants']} tenant(s), "
         f"{ov['keys']} prompt_cache_key(s), {ov['sessions']} session(s), {ov['models']} model(s); "
         f"{ov['rejected']:,} input line(s) rejected at ingest (see `rejects`){aside}.",
+        *([f"- {note}"] if (note := unordered_note(ov.get("unordered_files", []))) else []),
         f"- {ov['logical_prompt_tokens']:,} prompt tokens in all, made of "
         f"{ov['unique_content_tokens']:,} tokens of unique content.",
         f"- **Ceiling at {format_ttl(h['ttl'])} TTL, block {h['block']}, per {h['stream']}: "

@@ -40,7 +40,7 @@ from replay.core.grid import Grid
 from replay.core.sweep import sweep
 from replay.core.times import format_ttl, parse_ttl
 from replay.prepare import as_tokenizer, prepare
-from replay.providers.catalog import get_profile
+from replay.providers.auto import parses_json
 from replay.store import db
 from replay.store.jsontext import dumps
 from replay.text.render import tool_name
@@ -326,7 +326,7 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
     if not fixes:
         raise ValueError("no fix given")
     base_fixes: list[str] = []
-    if profile not in (None, "", "ideal") and get_profile(profile).canonical_json:
+    if parses_json(con, profile):
         base_fixes = ["canonical-json"]  # a hosted API parses the JSON: key order cannot miss there
     base_con = normalized_copy(con, base_fixes, tokenizer) if base_fixes else con
     before = _ceiling(base_con, ttl, block, min_prefix, stream, tokenizer)

@@ -17,7 +17,8 @@ from replay.cli.options import warmup_option
 @db_option
 @ingest_options
 @click.option("--json", "as_json", is_flag=True,
-              help="Print exactly a JSON object: files, lines, loaded, rejected, skipped_files, by_reason.")
+              help="Print exactly a JSON object: files, lines, loaded, rejected, skipped_files, by_reason, "
+                   "unordered_files (the new files not in time order: path, order).")
 def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
     """Load LOGS (files, globs or directories) into the database.
 
@@ -26,7 +27,8 @@ def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
     """
     def report(s):
         click.echo(json.dumps({"files": s.files, "lines": s.lines, "loaded": s.loaded, "rejected": s.rejected,
-                               "skipped_files": s.skipped_files, "by_reason": dict(s.rejected_by_reason)}))
+                               "skipped_files": s.skipped_files, "by_reason": dict(s.rejected_by_reason),
+                               "unordered_files": [{"path": p, "order": o} for p, o in s.unordered_files]}))
 
     load_logs(api.open_db(db_path), logs, fmt, fields, time_unit, quiet=as_json, report=report if as_json else None)
 
@@ -56,6 +58,7 @@ def tokenize(db_path, tokenizer):
 @grid_options
 @click.option("--profile", "profiles", multiple=True,
               help="Provider/engine rules to apply (repeat or comma-separate; `replay profiles` lists them). "
+                   "`auto`: each model's requests by its own model's profile (rows auto/<profile>). "
                    "Default: ideal, the contract itself.")
 @click.option("--by-stream", is_flag=True, help="One row per cache (stream key and model) as well.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array of configurations.")
@@ -94,17 +97,27 @@ def _price_options(f):
                      help="A TOML price table overriding the shipped defaults "
                           "(replay/providers/prices.toml).")(f)
     f = click.option("--price-model", default=None,
-                     help="Price the savings as this model (default: the logged model).")(f)
+                     help="Price the whole log as this model, judged by its profile (default: each request "
+                          "judged by its own model's profile at its own model's price, `--profile auto`).")(f)
     return f
+
+
+def _html_option(f):
+    return click.option("--html", "html", is_flag=True,
+                        help="Also write report.html beside report.md: the same report as one self-contained "
+                             "page (plots embedded, tables sortable; opens without a network).")(f)
 
 
 def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer=None):
     """Sections the analyses contribute to the report (``kv``: what ``kv_model`` returns)."""
     return [lambda con, out: api.why_miss_section(con, out),
+            lambda con, out: api.origin_section(con, out, g),
             lambda con, out: api.memory_section(con, out, g, kv[0], kv[1], tokenizer=tokenizer),
             lambda con, out: api.duplicates_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.validation_section(con, out),
-            lambda con, out: api.savings_section(con, out, price_model=price_model, prices_path=prices)]
+            lambda con, out: api.savings_section(con, out, price_model=price_model, prices_path=prices),
+            lambda con, out: api.trend_section(con, out, g, price_model=price_model, prices_path=prices),
+            lambda con, out: api.prefixes_section(con, out, g, tokenizer=tokenizer)]
 
 
 @click.command()
@@ -120,12 +133,13 @@ def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer
 @_price_options
 @kv_options
 @warmup_option
+@_html_option
 def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, name, out, fresh,
-        prices, price_model, warmup, **kv):
+        prices, price_model, warmup, html, **kv):
     """The batch job: ingest → tokenize → replay → sweep → report.
 
     Without LOGS it runs on the shipped sample (data/sample). The report goes
-    to OUT/NAME/report.md with its plots.
+    to OUT/NAME/report.md with its plots (and, with --html, report.html).
     """
     g = grid(ttls, blocks, mins, streams, warmup)
     kv = kv_model(**kv)
@@ -144,8 +158,8 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
     path = api.write_report(con, Path(out) / name, g, title=f"Prefix-cache sizing — {name}",
                             extra_sections=_extra_sections(g, prices, price_model, kv, tok), progress=True,
-                            tokenizer=tok)
-    click.echo(f"report written to {path}")
+                            tokenizer=tok, html=html)
+    click.echo(f"report written to {path}" + (f" and {path.with_name('report.html')}" if html else ""))
 
 
 @click.command()
@@ -157,15 +171,16 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
 @_price_options
 @kv_options
 @warmup_option
-def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model, warmup, **kv):
+@_html_option
+def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model, warmup, html, **kv):
     """Write the report from what the database already holds."""
     g = grid(ttls, blocks, mins, streams, warmup)
     kv = kv_model(**kv)
     con = api.open_db(db_path)
     load_logs(con, (), None, {}, None)
     path = api.write_report(con, Path(out) / name, g, extra_sections=_extra_sections(g, prices, price_model, kv),
-                            progress=True)
-    click.echo(f"report written to {path}")
+                            progress=True, html=html)
+    click.echo(f"report written to {path}" + (f" and {path.with_name('report.html')}" if html else ""))
 
 
 @click.command("profiles")
@@ -174,6 +189,7 @@ def profiles_cmd():
     for p in api.list_profiles():
         click.echo(p.describe())
         click.echo()
+    click.echo(api.describe_auto())
 
 
 @click.command()

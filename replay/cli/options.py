@@ -126,7 +126,7 @@ def one_config(f):
     f = click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
                      help="Stream mode.")(f)
     f = click.option("--profile", default="ideal", show_default=True,
-                     help="Profile (ideal, or one of `replay profiles`).")(f)
+                     help="Profile (ideal, auto — each model's own —, or one of `replay profiles`).")(f)
     return f
 
 
@@ -190,6 +190,8 @@ def profile_names(values) -> list[str]:
         elif part:
             names.append(part)
     for n in names:
+        if n.strip().lower() == api.AUTO:  # each model's own profile (replay.providers.auto)
+            continue
         try:
             api.get_profile(n)
         except (KeyError, ValueError) as e:

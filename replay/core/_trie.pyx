@@ -11,7 +11,8 @@ than in comparing. Symbols may be int32 (token ids) or int64 (block traces),
 even within one trie.
 
 Also here, for the same reason: the replay's prompt assembly
-(:func:`extend`, behind ``replay.core.prompts.SegmentStore.extend``).
+(:func:`extend`, behind ``replay.core.prompts.SegmentStore.extend``) and its
+hit origin per step (:class:`Writers`, ``replay.core.replay.PythonWriters``).
 
 Times are integer microseconds (int64), so gaps compare exactly with TTLs.
 """
@@ -372,3 +373,90 @@ def extend(dict tokens, list seg_ids, prev):
             memcpy(dst + pos * 4, _int32_data(seg), k * 4)
             pos += k
     return out, cut
+
+
+# ---------------------------------------------------------------- hit origin
+
+cdef class Writers:
+    """:class:`replay.core.replay.PythonWriters`, compiled (the same answers): the
+    (tenant, session) pairs that own trie nodes as small ints, and a walk's steps
+    (gap, depth, owner) as (gaps, depths, origins) relative to the walking pair."""
+    cdef dict _codes
+    cdef dict _tenants
+    cdef dict _sessions
+    cdef int64_t* _tenant_of
+    cdef int64_t* _session_of   # -1: no session
+    cdef Py_ssize_t _n
+    cdef Py_ssize_t _cap
+
+    def __cinit__(self):
+        self._codes = {}
+        self._tenants = {}
+        self._sessions = {}
+        self._tenant_of = NULL
+        self._session_of = NULL
+        self._n = 0
+        self._cap = 0
+
+    def __dealloc__(self):
+        free(self._tenant_of)
+        free(self._session_of)
+
+    def code(self, tenant, session):
+        """The number of the pair (tenant, session) (``session`` may be None)."""
+        cdef PyObject* found = PyDict_GetItem(self._codes, (tenant, session))
+        cdef Py_ssize_t cap
+        cdef int64_t* a
+        if found != NULL:
+            return <object> found
+        if self._n == self._cap:
+            cap = max(16, 2 * self._cap)
+            a = <int64_t*> realloc(self._tenant_of, cap * sizeof(int64_t))
+            if a == NULL:
+                raise MemoryError()
+            self._tenant_of = a
+            a = <int64_t*> realloc(self._session_of, cap * sizeof(int64_t))
+            if a == NULL:
+                raise MemoryError()
+            self._session_of = a
+            self._cap = cap
+        self._tenant_of[self._n] = self._tenants.setdefault(tenant, len(self._tenants))
+        self._session_of[self._n] = -1 if session is None else self._sessions.setdefault(session, len(self._sessions))
+        self._codes[(tenant, session)] = self._n
+        self._n += 1
+        return self._n - 1
+
+    def split(self, list steps, Py_ssize_t me):
+        """(gaps, depths, origins) of a walk's steps, steps of the same gap and origin merged."""
+        cdef list gaps = [], depths = [], origins = []
+        cdef Py_ssize_t k, w, n = len(steps)
+        cdef int64_t g, last_g = -1, my_s, my_t
+        cdef int o, last_o = -1
+        cdef tuple st
+        if n == 0:
+            return gaps, depths, origins
+        if me < 0 or me >= self._n:
+            raise ValueError("unknown writer")
+        my_s = self._session_of[me]
+        my_t = self._tenant_of[me]
+        for k in range(n):
+            st = <tuple> steps[k]
+            g = st[0]
+            w = st[2]
+            if w < 0 or w >= self._n:
+                raise ValueError("unknown writer")
+            if w == me:
+                o = 0 if my_s >= 0 else 1
+            elif my_s >= 0 and self._session_of[w] == my_s:
+                o = 0
+            else:
+                o = 1 if self._tenant_of[w] == my_t else 2
+            if g == last_g and o == last_o:
+                depths[len(depths) - 1] = st[1]
+            else:
+                gaps.append(st[0])
+                depths.append(st[1])
+                origins.append(o)
+                last_g = g
+                last_o = o
+        return gaps, depths, origins

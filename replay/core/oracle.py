@@ -91,15 +91,64 @@ def measured(requests: Sequence[OracleRequest], warmup: float = 0) -> list[int]:
     return sorted(order[math.floor(Fraction(str(warmup)) * len(order)):])
 
 
+ORIGINS = ("same_session", "other_session", "other_tenant")  # replay.core.streams.ORIGINS
+
+
+def origin_of(r: OracleRequest, writer: OracleRequest) -> str:
+    """docs/origin.md: the same non-missing session id, else the same tenant, else another tenant."""
+    if r.session is not None and writer.session == r.session:
+        return "same_session"
+    return "other_session" if writer.tenant == r.tenant else "other_tenant"
+
+
+def writers(requests: Sequence[OracleRequest], mode: str, with_output: bool = False) -> list[list[tuple[int, int]]]:
+    """Per request (input order), who last wrote each depth of its prefix: runs
+    (end depth, writer's index), ascending, up to its longest common prefix with
+    any earlier request of its cache. Depth d (1 ≤ d) is written by the most
+    recent earlier request (processing order) of the same cache whose common
+    prefix with it is ≥ d (docs/origin.md; no TTL: the writer of a hit token is
+    necessarily within the TTL)."""
+    order = time_order(requests)
+    out: list[list[tuple[int, int]]] = [[] for _ in requests]
+    for pos, i in enumerate(order):
+        r = requests[i]
+        c = cache_of(r, mode)
+        covered = 0  # depths up to here have their writer (a more recent request)
+        for j in reversed(order[:pos]):
+            e = requests[j]
+            if cache_of(e, mode) != c:
+                continue
+            k = lcp(r.tokens, list(e.tokens) + list(e.output) if with_output else e.tokens)
+            if k > covered:
+                out[i].append((k, j))
+                covered = k
+    return out
+
+
+def hit_origins(requests: Sequence[OracleRequest], runs: list[list[tuple[int, int]]], i: int,
+                hit: int) -> dict[str, int]:
+    """The ``hit`` tokens of request ``i`` by origin, from :func:`writers`' runs."""
+    got = dict.fromkeys(ORIGINS, 0)
+    start = 0
+    for end, j in runs[i]:
+        if start >= hit:
+            break
+        got[origin_of(requests[i], requests[j])] += min(end, hit) - start
+        start = end
+    return got
+
+
 def sweep(requests: Sequence[OracleRequest], modes=("tenant", "key", "global"),
           ttls=(300, 1800, 3600, math.inf), blocks=(1, 16, 512),
           min_prefixes=(0, 1024), warmup: float = 0) -> list[dict]:
-    """The sweep's aggregate rows (``ttls`` in seconds, as the grid takes them);
-    with ``warmup``, over the measured requests only (:func:`measured`)."""
+    """The sweep's aggregate rows (``ttls`` in seconds, as the grid takes them), with
+    the hit tokens by origin (:func:`writers`); with ``warmup``, over the measured
+    requests only (:func:`measured`)."""
     rows = []
     keep = measured(requests, warmup)
     prompt_tokens = sum(len(requests[i].tokens) for i in keep)
     for mode in modes:
+        runs = writers(requests, mode)
         for ttl in ttls:
             L_all = ceiling(requests, mode, ttl_us(ttl))
             L = [L_all[i] for i in keep]
@@ -107,6 +156,10 @@ def sweep(requests: Sequence[OracleRequest], modes=("tenant", "key", "global"),
                 for m in min_prefixes:
                     hits = [block_hit(x, b, m) for x in L]
                     hit_tokens = sum(hits)
+                    by_origin = dict.fromkeys(ORIGINS, 0)
+                    for i, h in zip(keep, hits):
+                        for o, n in hit_origins(requests, runs, i, h).items():
+                            by_origin[o] += n
                     rows.append({
                         "stream": mode,
                         "ttl_s": None if ttl == math.inf else float(ttl),
@@ -116,6 +169,7 @@ def sweep(requests: Sequence[OracleRequest], modes=("tenant", "key", "global"),
                         "hit_tokens": hit_tokens,
                         "hit_ratio": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
                         "requests_hit": sum(1 for h in hits if h > 0),
+                        **{f"hit_{o}": n for o, n in by_origin.items()},
                     })
     return rows
 

@@ -6,8 +6,12 @@ prompt through one trie per (variant, stream mode) and cache — the pair
 (variant, mode, request) is the step function "matched depth as a function of
 idle gap" from which ``L_τ`` follows for every TTL (``replay.core.hits``):
 everything later (sweep, profiles, diagnosis) is derived from that small table
-without replaying again. Which sets are current is recorded in `walk_sets`
-(``replay.store.walksets``); ``replay.prepare`` decides what to replay.
+without replaying again. Each step also carries the *origin* of that part of
+the prefix: whether its last writer was the walking request's own session,
+another session of its tenant, or another tenant (``ORIGINS``; the hit origin
+of docs/origin.md), split where the origin changes. Which sets are current is
+recorded in `walk_sets` (``replay.store.walksets``); ``replay.prepare``
+decides what to replay.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ import duckdb
 import numpy as np
 
 from replay.core.prompts import iter_prompts
-from replay.core.streams import MODES, stream_key
+from replay.core.streams import MODES, ORIGINS, stream_key
 from replay.core.times import INF_US
-from replay.core.trie import Trie
+from replay.core.trie import COMPILED, Trie
 from replay.core.walks import delete_walks, insert_walks
 from replay.store import walksets
 from replay.store.failpoints import failpoint
@@ -74,6 +78,7 @@ def _collector_paused():
 def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flush_every: int) -> dict:
     tries: dict[tuple[str, str], dict[tuple[str, str | None], Trie]] = {(v, m): {} for v in variants for m in modes}
     out: dict[tuple[str, str], list] = {vm: [] for vm in tries}
+    writers = Writers()
     last_sweep = None
     for walked, p in enumerate(prompts, 1):
         if horizon < INF_US and (last_sweep is None or p.ts - last_sweep > horizon // 2):
@@ -82,6 +87,7 @@ def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flus
             # memory then follows the TTL window, not the number of caches seen.
             last_sweep = p.ts
             _prune_all(tries, p.ts)
+        me = writers.code(p.tenant, p.session)
         for v in variants:
             insert = None
             if v == "prompt+output" and p.output is not None and len(p.output):
@@ -92,9 +98,9 @@ def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flus
                 trie = caches.get((s, p.model))
                 if trie is None:
                     trie = caches[(s, p.model)] = Trie(horizon)
-                steps = trie.walk(p.symbols, p.ts, insert=insert, cum=p.cum, known=_known(p, m, s, horizon))
-                out[(v, m)].append((p.request_id, s, p.model, p.ts, p.n_tokens,
-                                    [g for g, _ in steps], [d for _, d in steps]))
+                steps = trie.walk(p.symbols, p.ts, insert=insert, cum=p.cum, known=_known(p, m, s, horizon),
+                                  owner=me)
+                out[(v, m)].append((p.request_id, s, p.model, p.ts, p.n_tokens, *writers.split(steps, me)))
         if progress is not None:
             progress.update(1)
         if sink is not None and walked % flush_every == 0:
@@ -106,6 +112,66 @@ def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flus
         out = {}
     out["_nodes"] = {f"{v}/{m}": sum(t.nodes for t in st.values()) for (v, m), st in tries.items()}
     return out
+
+
+SAME_SESSION, OTHER_SESSION, OTHER_TENANT = range(len(ORIGINS))
+
+
+class PythonWriters:
+    """Who last wrote each part of a trie, as small ints: a node's owner is the
+    code of the (tenant, session) of the last request that walked through it, and
+    a step's origin follows from that writer and the walking request. (Compiled
+    beside the trie: ``replay.core._trie.Writers``, the same answers.)"""
+
+    def __init__(self):
+        self._codes: dict[tuple[str, str | None], int] = {}
+        self._tenants: dict[str, int] = {}
+        self._sessions: dict[str, int] = {}
+        self.tenant_of: list[int] = []   # per code: its tenant's number
+        self.session_of: list[int] = []  # per code: its session's number, -1 when it has none
+
+    def code(self, tenant: str, session: str | None) -> int:
+        c = self._codes.get((tenant, session))
+        if c is None:
+            c = self._codes[(tenant, session)] = len(self.tenant_of)
+            self.tenant_of.append(self._tenants.setdefault(tenant, len(self._tenants)))
+            self.session_of.append(-1 if session is None else self._sessions.setdefault(session, len(self._sessions)))
+        return c
+
+    def split(self, steps, me: int) -> tuple[list, list, list]:
+        """(gaps, depths, origins) of a walk's steps (gap, depth, owner): owners
+        turned into origins relative to writer ``me``, and steps of the same gap
+        and origin merged (the trie splits them wherever the owner changes)."""
+        gaps: list[int] = []
+        depths: list[int] = []
+        origins: list[int] = []
+        if not steps:
+            return gaps, depths, origins
+        session_of = self.session_of
+        my_s = session_of[me]
+        my_t = self.tenant_of[me]
+        last_g = last_o = -1
+        for g, d, w in steps:
+            if w == me:
+                o = SAME_SESSION if my_s >= 0 else OTHER_SESSION
+            elif my_s >= 0 and session_of[w] == my_s:
+                o = SAME_SESSION
+            else:
+                o = OTHER_SESSION if self.tenant_of[w] == my_t else OTHER_TENANT
+            if g == last_g and o == last_o:
+                depths[-1] = d
+            else:
+                gaps.append(g)
+                depths.append(d)
+                origins.append(o)
+                last_g, last_o = g, o
+        return gaps, depths, origins
+
+
+# the compiled one where the trie is (REPLAY_PURE_TRIE=1: this module's)
+Writers = PythonWriters
+if COMPILED:
+    from replay.core._trie import Writers  # noqa: F811
 
 
 def _known(p, mode: str, stream: str, horizon: int) -> int:

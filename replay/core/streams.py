@@ -9,6 +9,9 @@ from __future__ import annotations
 
 MODES = ("tenant", "key", "session", "global")
 VARIANTS = ("prompt", "prompt+output")  # what a walk inserts: the prompt, or the prompt and its output
+# where a hit token's prefix was last written (docs/origin.md), by code 0, 1, 2:
+# the walking request's own session, another session (or none) of its tenant, another tenant
+ORIGINS = ("same_session", "other_session", "other_tenant")
 
 
 def stream_key(mode: str, tenant: str, key: str | None, session: str | None) -> str:

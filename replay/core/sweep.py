@@ -5,6 +5,10 @@ unless current for the grid's largest TTL) and ``replay.core.hits`` counts hit
 tokens and requests hit for every configuration in one pass, so hundreds of
 configurations cost milliseconds. ``replay.prepare`` makes the walks current
 first; ``replay.api.sweep`` does both.
+
+Beside the hit tokens, the same pass splits them by origin (docs/origin.md):
+``hit_same_session`` + ``hit_other_session`` + ``hit_other_tenant`` =
+``hit_tokens`` in every row. The stored `results` keep the columns before them.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ import pyarrow as pa
 
 from replay.core import hits
 from replay.core.grid import Grid
+from replay.core.streams import ORIGINS
 from replay.core.times import INF_US, seconds
 from replay.core.walks import Walks, read_walks
 from replay.core.warmup import measured_walks
 from replay.store import db
 from replay.store.failpoints import failpoint
 
-COLUMNS = ["stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit_ratio",
-           "requests_hit"]
+STORED_COLUMNS = ["stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens", "hit_tokens", "hit_ratio",
+                  "requests_hit"]  # the columns of `results`
+ORIGIN_COLUMNS = [f"hit_{o}" for o in ORIGINS]  # hit tokens by origin, after `requests_hit`
+COLUMNS = STORED_COLUMNS + ORIGIN_COLUMNS
 STREAM_COLUMNS = ["stream_key", "model"]  # after `stream`, with by_stream
 WARMUP_COLUMN = "warmup"  # last, only with a warm-up: the share of the log replayed but not measured
 
@@ -39,15 +46,16 @@ def sweep(con, grid: Grid | None = None, by_stream: bool = False, store: bool = 
     rows gain a last ``warmup`` column and are stored as profile ``ideal warmup=f``.
     """
     grid = grid or Grid()
-    w = read_walks(con, grid.streams, horizon_us=grid.horizon_us, with_streams=by_stream)
+    w = read_walks(con, grid.streams, horizon_us=grid.horizon_us, with_streams=by_stream, with_origins=True)
     w = measured_walks(w, grid.warmup)  # (the replay saw every request; only the measured ones count)
     group, caches, first = _groups(w, len(grid.streams), by_stream)
     n_groups = first[-1]
     req = np.bincount(group, minlength=n_groups)
     ptk = np.bincount(group, weights=w.prompt_tokens, minlength=n_groups).astype(np.int64)
     ttls, blocks, mins = grid.arrays()
-    hit, nhit = hits.hit_counts(w.offsets, w.gaps, w.depths, group, n_groups, ttls, blocks, mins)
-    data = _columns(grid, caches, first, req, ptk, hit, nhit, by_stream)
+    hit, nhit, by_origin = hits.hit_counts(w.offsets, w.gaps, w.depths, group, n_groups, ttls, blocks, mins,
+                                           origins=w.origins)
+    data = _columns(grid, caches, first, req, ptk, hit, nhit, by_origin, by_stream)
     if store and not by_stream:
         # warm-up figures are another measure: kept beside the whole log's, never over them
         _store(con, data, profile if not grid.warmup else f"{profile} warmup={grid.warmup:g}")
@@ -78,7 +86,7 @@ def _groups(w: Walks, n_modes: int, by_stream: bool):
     return group, caches, first
 
 
-def _columns(grid: Grid, caches, first, req, ptk, hit, nhit, by_stream: bool) -> dict:
+def _columns(grid: Grid, caches, first, req, ptk, hit, nhit, by_origin, by_stream: bool) -> dict:
     """Every column by array operations, a mode at a time, in the sweep's row order."""
     ttls, blocks, mins = grid.arrays()
     n_t, n_m, n_b = len(ttls), len(mins), len(blocks)
@@ -94,7 +102,8 @@ def _columns(grid: Grid, caches, first, req, ptk, hit, nhit, by_stream: bool) ->
         gi = gi + g0
         for col, values in (("ttl_s", ttl_s[ti]), ("block", blocks[bi]), ("min_prefix", mins[mi]),
                             ("requests", req[gi]), ("prompt_tokens", ptk[gi]),
-                            ("hit_tokens", hit[gi, ti, mi, bi]), ("requests_hit", nhit[gi, ti, mi, bi])):
+                            ("hit_tokens", hit[gi, ti, mi, bi]), ("requests_hit", nhit[gi, ti, mi, bi]),
+                            *((c, by_origin[gi, ti, mi, bi, o]) for o, c in enumerate(ORIGIN_COLUMNS))):
             parts[col].append(values)
     data = {c: [x for p in v for x in p] if c in ("stream", "stream_key", "model") else
             (np.concatenate(v) if v else np.zeros(0)) for c, v in parts.items() if v or c in COLUMNS}
@@ -106,7 +115,7 @@ def _columns(grid: Grid, caches, first, req, ptk, hit, nhit, by_stream: bool) ->
 def _store(con, data: dict, profile: str) -> None:
     n = len(data["hit_tokens"])
     res = pa.table({"profile": pa.array([profile] * n, pa.string()),  # noqa: F841 (read by DuckDB)
-                    **{c: pa.array(data[c], _TYPES[c][0], from_pandas=True) for c in COLUMNS}})  # NaN -> null
+                    **{c: pa.array(data[c], _TYPES[c][0], from_pandas=True) for c in STORED_COLUMNS}})  # NaN -> null
     con.execute("BEGIN TRANSACTION")  # (a run stopped here keeps the profile's previous rows)
     try:
         con.execute("DELETE FROM results WHERE profile = ?", [profile])
@@ -119,9 +128,10 @@ def _store(con, data: dict, profile: str) -> None:
 
 
 _STRING, _FLOAT, _INT = (pa.string(), pl.String), (pa.float64(), pl.Float64), (pa.int64(), pl.Int64)
+# a column: (its Arrow type, stored; its polars type, returned)
 _TYPES = {"stream": _STRING, "stream_key": _STRING, "model": _STRING, "ttl_s": _FLOAT, "block": _INT,
           "min_prefix": _INT, "requests": _INT, "prompt_tokens": _INT, "hit_tokens": _INT,
-          "hit_ratio": _FLOAT, "requests_hit": _INT}  # a column: (its Arrow type, stored; its polars type, returned)
+          "hit_ratio": _FLOAT, "requests_hit": _INT, **{c: _INT for c in ORIGIN_COLUMNS}}
 
 
 def to_records(df: pl.DataFrame) -> list[dict]:

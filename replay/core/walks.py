@@ -1,8 +1,11 @@
 """The `walks` table: one row per (variant, mode, request), written by the replay, read flat.
 
 A row holds the request's stream and model (together, the cache it could hit),
-its time (µs), its prompt length and its steps: ``gaps`` (µs, ascending) and
-``depths`` (tokens, ascending), from which ``replay.core.hits`` reads ``L_τ``.
+its time (µs), its prompt length and its steps: ``gaps`` (µs, non-decreasing),
+``depths`` (tokens, ascending), from which ``replay.core.hits`` reads ``L_τ``,
+and ``origins`` (who last wrote each step's part of the prefix, codes of
+``replay.core.streams.ORIGINS``; steps split where it changes, so two steps
+may share a gap).
 Reading checks `walk_sets` first (``replay.store.walksets``): a set that is not
 current for the data and the horizon asked for is refused, never read.
 """
@@ -20,7 +23,8 @@ from replay.store import db, walksets
 @dataclass
 class Walks:
     """The walks of some stream modes, flat: request ``r``'s steps are
-    ``gaps[offsets[r]:offsets[r + 1]]`` (ascending) and the depths beside them."""
+    ``gaps[offsets[r]:offsets[r + 1]]`` (non-decreasing) and the depths (and origins)
+    beside them."""
     mode: np.ndarray           # the request's stream mode, as its place in the modes asked for
     request_id: np.ndarray     # int64
     ts_us: np.ndarray          # int64
@@ -30,24 +34,33 @@ class Walks:
     offsets: np.ndarray        # int64, n + 1, from 0
     gaps: np.ndarray           # int64 µs
     depths: np.ndarray         # int64 tokens
+    origins: np.ndarray | None = None  # int8 origin codes (replay.core.streams.ORIGINS), when asked for
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
 
 
 def read_walks(con, modes, variant: str = "prompt", horizon_us: int = 0,
-               with_streams: bool = True) -> Walks:
+               with_streams: bool = True, with_origins: bool = False) -> Walks:
     """The walks of ``modes`` (in that order of mode codes), refused unless current
-    for ``horizon_us`` (:class:`replay.store.walksets.StaleWalks`)."""
+    for ``horizon_us`` (:class:`replay.store.walksets.StaleWalks`); with their
+    steps' origins when ``with_origins``."""
     modes = tuple(modes)
     walksets.require_current(con, [(variant, m) for m in modes], horizon_us)
     names = ", ".join(repr(m) for m in modes)
     streams = "stream, model, " if with_streams else ""
+    origins = ", origins" if with_origins else ""
     tbl = db.arrow(con, f"""SELECT list_position([{names}], mode)::INTEGER - 1 AS mode_code, request_id, ts_us,
-                                   {streams}prompt_tokens, gaps, depths
+                                   {streams}prompt_tokens, gaps, depths{origins}
                             FROM walks WHERE variant = {variant!r} AND mode IN ({names})""")
     gaps = tbl.column("gaps").combine_chunks()
     offsets = gaps.offsets.to_numpy().astype(np.int64)
+    orig = None
+    if with_origins:
+        col = tbl.column("origins").combine_chunks()
+        if col.null_count:  # (rows of a replay before origins were kept: never current, never read)
+            raise walksets.StaleWalks("walks without their origins: prepare them again (replay.prepare.prepare)")
+        orig = col.flatten().to_numpy(zero_copy_only=False).astype(np.int8, copy=False)
     return Walks(
         mode=tbl.column("mode_code").to_numpy(),
         request_id=tbl.column("request_id").to_numpy(),
@@ -57,7 +70,8 @@ def read_walks(con, modes, variant: str = "prompt", horizon_us: int = 0,
         prompt_tokens=tbl.column("prompt_tokens").to_numpy().astype(np.int64),
         offsets=offsets - offsets[0] if len(offsets) else np.zeros(1, dtype=np.int64),
         gaps=gaps.flatten().to_numpy(zero_copy_only=False).astype(np.int64, copy=False),
-        depths=tbl.column("depths").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64))
+        depths=tbl.column("depths").combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.int64),
+        origins=orig)
 
 
 def delete_walks(con, keys) -> None:
@@ -67,7 +81,7 @@ def delete_walks(con, keys) -> None:
         con.execute("DELETE FROM walks WHERE variant = ? AND mode = ?", [v, m])
 
 
-WALK_COLUMNS = ("request_id", "stream", "model", "ts_us", "prompt_tokens", "gaps", "depths")
+WALK_COLUMNS = ("request_id", "stream", "model", "ts_us", "prompt_tokens", "gaps", "depths", "origins")
 
 
 def insert_walks(con, result: dict) -> None:
@@ -77,7 +91,7 @@ def insert_walks(con, result: dict) -> None:
     for (v, m), rows in result.items():
         if not rows:
             continue
-        rid, stream, model, ts, ntok, gaps, depths = zip(*rows)
+        rid, stream, model, ts, ntok, gaps, depths, origins = zip(*rows)
         parts.append(pa.table({
             "variant": pa.array([v] * len(rows)), "mode": pa.array([m] * len(rows)),
             "request_id": pa.array(rid, pa.int64()), "stream": pa.array(stream, pa.string()),
@@ -85,7 +99,8 @@ def insert_walks(con, result: dict) -> None:
             "prompt_tokens": pa.array(ntok, pa.int64()),
             "gaps": pa.array(gaps, pa.list_(pa.int64())),
             "depths": pa.array(depths, pa.list_(pa.int64())),
+            "origins": pa.array(origins, pa.list_(pa.int8())),
         }))
     if parts:
         tbl = pa.concat_tables(parts)  # noqa: F841 - read by DuckDB by name
-        con.execute("INSERT INTO walks SELECT * FROM tbl")
+        con.execute("INSERT INTO walks BY NAME SELECT * FROM tbl")

@@ -82,4 +82,5 @@ def subset_walks(w, keep: np.ndarray):
     pick = (lambda a: None if a is None else a[keep])
     return replace(w, mode=w.mode[keep], request_id=w.request_id[keep], ts_us=w.ts_us[keep],
                    stream=pick(w.stream), model=pick(w.model), prompt_tokens=w.prompt_tokens[keep],
-                   offsets=offsets, gaps=w.gaps[step_keep], depths=w.depths[step_keep])
+                   offsets=offsets, gaps=w.gaps[step_keep], depths=w.depths[step_keep],
+                   origins=None if w.origins is None else w.origins[step_keep])

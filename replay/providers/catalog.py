@@ -67,6 +67,8 @@ Facts and their sources (looked up 2026; re-check before relying on them):
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, replace
 
 # ----------------------------------------------------------------------------- profile table
@@ -223,15 +225,93 @@ def _fuzzy(name: str) -> Profile | None:
 
 
 def profile_for_model(model: str | None) -> str | None:
-    """The profile that models a logged ``model`` name (None when unknown)."""
-    if not model:
-        return None
-    m = model.lower()
-    if "deepseek" in m:
-        return "deepseek"
-    if "claude" in m:
-        p = _fuzzy("anthropic-" + m)
-        return p.name if p is not None else None
-    if m.startswith(("gpt-", "o1", "o3", "o4")):
-        return f"openai-{m}"
-    return None
+    """The profile that models a logged ``model`` name (None when unknown; see :func:`model_family`)."""
+    fam = model_family(model)
+    return fam.profile if fam.known else None
+
+
+def judging_config(prof: Profile) -> tuple[float, int, int]:
+    """(ttl, block, min_prefix) a profile is judged at when none is given: its fixed
+    block and minimum, else token level with no minimum; the provider's TTL
+    (OpenAI's guaranteed in-memory 5 min, Anthropic's default 5 min), else no expiry."""
+    ttl = 300.0 if prof.kind in ("openai", "anthropic") else math.inf
+    return ttl, prof.block or 1, prof.min_prefix or 0
+
+
+# ----------------------------------------------------------------------------- logged model → profile
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """What a logged model name is judged by (``--profile auto``).
+
+    ``name``: the name without a gateway prefix and a date / version suffix;
+    ``family``: anthropic, openai, deepseek or unknown; ``profile``: the profile
+    that judges its requests (``ideal`` when no provider profile fits);
+    ``known``: whether that profile is the provider's own; ``note``: why, in words.
+    """
+    model: str | None
+    name: str
+    family: str
+    profile: str
+    known: bool
+    note: str
+
+
+_GATEWAY = re.compile(r"^(?:[a-z]{2,4}\.)?(?:anthropic|openai|deepseek|azure|bedrock|vertex_ai|openrouter|litellm)[./]")
+_SUFFIX = re.compile(r"(?:@.*|-v\d+:\d+|-\d{8}|-\d{4}-\d{2}-\d{2}|-latest)$")  # Vertex, Bedrock, dates
+_CLAUDE_OLD = re.compile(r"^claude-(\d+)(?:[-.](\d+))?-(haiku|sonnet|opus)$")  # claude-3-5-haiku
+_CLAUDE_NEW = re.compile(r"^claude-(haiku|sonnet|opus)-(\d+)(?:[-.](\d+))?$")  # claude-haiku-4-5
+_OPENAI = re.compile(r"^(?:gpt-|chatgpt-|codex-|o\d)")
+_OPENAI_UNCACHED = re.compile(r"^gpt-(?:3\.5|4)(?:$|-)")  # gpt-3.5-turbo, gpt-4, gpt-4-turbo (before gpt-4o)
+
+
+def model_name(model: str | None) -> str:
+    """A logged model name as the mapping and the price table read it: lower case,
+    without a gateway prefix (``anthropic/``, ``us.anthropic.``, ``openai/``…) or a
+    date / version suffix (``-20250929``, ``-2025-04-14``, ``@20250929``, ``-v1:0``,
+    ``-latest``); Claude names as ``claude-<tier>-<major>-<minor>``."""
+    m = (model or "").strip().lower()
+    while (g := _GATEWAY.match(m)) is not None:
+        m = m[g.end():]
+    while (s := _SUFFIX.search(m)) is not None and s.start() > 0:
+        m = m[:s.start()]
+    if (c := _CLAUDE_OLD.match(m) or _CLAUDE_NEW.match(m)) is not None:
+        a, b, c3 = c.groups()
+        tier, major, minor = (c3, a, b) if a.isdigit() else (a, b, c3)
+        m = f"claude-{tier}-{major}" + (f"-{minor}" if minor else "")
+    return m
+
+
+def model_family(model: str | None) -> ModelFamily:
+    """The family and profile a logged model is judged by under ``--profile auto``.
+
+    | logged model (after :func:`model_name`) | family | profile |
+    |---|---|---|
+    | ``claude-<tier>-<generation>`` in :data:`ANTHROPIC_MIN_TOKENS` | anthropic | ``anthropic-<tier>-<generation>`` |
+    | any other ``claude-*`` | anthropic | ``ideal`` (the generation's minimum is not in the table: said so) |
+    | ``gpt-4o*``, ``gpt-4.1*``, ``gpt-5*``, ``o1``–``o4*``, ``chatgpt-*``, ``codex-*`` | openai | ``openai-<name>`` |
+    | ``gpt-3.5*``, ``gpt-4``, ``gpt-4-*`` | openai | ``ideal`` (no documented prompt caching: said so) |
+    | ``deepseek*`` | deepseek | ``deepseek`` |
+    | anything else, or no model | unknown | ``ideal``, said so — never another provider's rules |
+    """
+    name = model_name(model)
+    ideal = "judged by the ideal contract (TTL ∞, block 1, no minimum)"
+    if not name:
+        return ModelFamily(model, name, "unknown", "ideal", False, f"no model in the log: {ideal}")
+    if name.startswith("claude"):
+        c = _CLAUDE_NEW.match(name)
+        fam = c and f"{c.group(1)}-{c.group(2)}" + (f"-{c.group(3)}" if c.group(3) else "")
+        if fam in ANTHROPIC_MIN_TOKENS:
+            return ModelFamily(model, name, "anthropic", f"anthropic-{fam}", True,
+                               f"Anthropic, minimum {ANTHROPIC_MIN_TOKENS[fam]} tokens")
+        return ModelFamily(model, name, "anthropic", "ideal", False,
+                           f"an Anthropic model whose minimum cacheable length is not in the table: {ideal}")
+    if _OPENAI_UNCACHED.match(name):
+        return ModelFamily(model, name, "openai", "ideal", False,
+                           f"an OpenAI model older than gpt-4o, without documented prompt caching: {ideal}")
+    if _OPENAI.match(name):
+        return ModelFamily(model, name, "openai", f"openai-{name}", True,
+                           "OpenAI, automatic ≥1024 tokens, 128-token increments, organisation + key")
+    if name.startswith("deepseek") and "/" not in name:  # the API's names (a Hugging Face id is self-hosted)
+        return ModelFamily(model, name, "deepseek", "deepseek", True, "DeepSeek, 64-token units, prompt + output")
+    return ModelFamily(model, name, "unknown", "ideal", False, f"unknown model: {ideal}")

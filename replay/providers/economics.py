@@ -21,7 +21,6 @@ the log has output usage.
 
 from __future__ import annotations
 
-import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ import polars as pl
 
 from replay.core.grid import Grid
 from replay.core.times import US_PER_S
-from replay.providers.catalog import get_profile
+from replay.providers.catalog import get_profile, judging_config
 from replay.providers.request_hits import request_hits
 from replay.store import db
 
@@ -95,9 +94,7 @@ def default_config(profile: str) -> tuple[float, int, int]:
     """(ttl, block, min_prefix) used for savings when not given: the profile's
     fixed values, else token level with no minimum; the provider's TTL
     (OpenAI in-memory 5 min, Anthropic 5 min), else no expiry."""
-    prof = get_profile(profile)
-    ttl = 300.0 if prof.kind in ("openai", "anthropic") else math.inf
-    return ttl, prof.block or 1, prof.min_prefix or 0
+    return judging_config(get_profile(profile))
 
 
 def _week(ts_col: str = "ts_us") -> pl.Expr:
@@ -187,11 +184,13 @@ def savings_table(con, profile: str, price_model: str | Price, prices_path=None,
 SESSION_BUCKETS = ("1 turn", "2-19 turns", "20+ turns")
 
 
-def session_length_table(con, profile: str = "ideal", stream: str = "tenant", ttl: float | None = None
-                         ) -> pl.DataFrame:
+def session_length_table(con, profile: str = "ideal", stream: str = "tenant", ttl: float | None = None,
+                         frame: pl.DataFrame | None = None) -> pl.DataFrame:
     """Hit ratio by session length (requests per session; a request without a
-    session is a 1-turn session): predicted under ``profile`` and realised."""
-    df = _requests_frame(con, profile, stream, ttl, None, None)
+    session is a 1-turn session): predicted under ``profile`` and realised.
+    ``frame``: per-request hits already computed (columns request_id, session,
+    prompt_tokens, hit, u_p, u_c; ``replay.providers.model_savings.auto_frame``)."""
+    df = frame if frame is not None else _requests_frame(con, profile, stream, ttl, None, None)
     df = df.with_columns(pl.col("session").fill_null(pl.lit("#") + pl.col("request_id").cast(pl.Utf8)))
     df = df.with_columns(pl.len().over("session").alias("turns"))
     df = df.with_columns(pl.when(pl.col("turns") == 1).then(pl.lit(SESSION_BUCKETS[0]))
@@ -288,7 +287,10 @@ def _fmt_usd(x) -> str:
 def savings_section(con, out_dir, profile: str | None = None, price_model: str | None = None,
                     prices_path=None, stream: str = "tenant") -> str:
     """Markdown: realised against ceiling per stream and week, the savings table,
-    hit ratio by session length, and (when the log has usage) rendering fidelity.
+    hit ratio by session length, and (when the log has usage) rendering fidelity —
+    the whole log judged by one profile and priced at one model's prices (the
+    report's default judges each model on its own:
+    ``replay.providers.model_savings.savings_section``).
     Writes ``savings_weekly.png`` into ``out_dir`` when matplotlib is available."""
     price_model = price_model or logged_price_model(con, prices_path)
     if price_model is None:

@@ -15,6 +15,7 @@ from typing import Sequence
 import polars as pl
 
 from replay.core.grid import Grid
+from replay.providers.auto import is_auto, model_choices, rules_key
 from replay.providers.catalog import get_profile
 from replay.providers.request_hits import request_hits, ttl_s_column
 from replay.store import db
@@ -54,12 +55,24 @@ def profile_sweep(con, profiles: Sequence[str] = ("ideal",), grid: Grid | None =
     that carry usage (null when none does); per stream mode they are the same for
     every configuration. With ``by_stream``, ``stream_key`` and ``model`` columns
     are added (one row per cache) and the realised figures are per cache.
+
+    ``auto`` (``replay.providers.auto``) judges each model's requests by its own
+    model's profile: one set of rows per profile used, named ``auto/<profile>``
+    (``auto/ideal`` for models no provider profile fits), each counting only its
+    models' requests (and their realised usage).
     """
     grid = grid or Grid()
     frames = []
-    for spec in profiles:
+    runs: dict[tuple, pl.DataFrame] = {}  # profiles that differ in name only share one run
+    for label, spec, models in _expand(con, profiles):
         prof = get_profile(spec)
-        df = request_hits(con, prof, grid, tokenizer=tokenizer, progress=progress)
+        key = rules_key(prof)
+        if key not in runs:
+            runs[key] = request_hits(con, prof, grid, tokenizer=tokenizer, progress=progress)
+        df = runs[key]
+        if models is not None:
+            df = df.filter(pl.col("model").is_in([m for m in models if m is not None])
+                           | (pl.col("model").is_null() if None in models else pl.lit(False)))
         keys = ["stream_mode"] + (["stream", "model"] if by_stream else []) + ["ttl", "block", "min_prefix"]
         agg = (df.group_by(keys).agg(
             pl.len().alias("requests"), pl.col("prompt_tokens").sum().alias("prompt_tokens"),
@@ -72,7 +85,7 @@ def profile_sweep(con, profiles: Sequence[str] = ("ideal",), grid: Grid | None =
                                        pl.col("u_c").sum().alias("realized_hit_tokens")))
             agg = agg.join(per, on=keys, how="left", nulls_equal=True)
         else:
-            tot = realized(con).row(0, named=True)
+            tot = realized(con).row(0, named=True) if models is None else _realized_of(con, df)
             agg = agg.with_columns(pl.lit(tot["realized_requests"], pl.Int64).alias("realized_requests"),
                                    pl.lit(tot["realized_prompt_tokens"], pl.Int64).alias("realized_prompt_tokens"),
                                    pl.lit(tot["realized_hit_tokens"], pl.Int64).alias("realized_hit_tokens"))
@@ -88,7 +101,7 @@ def profile_sweep(con, profiles: Sequence[str] = ("ideal",), grid: Grid | None =
             .then(pl.col("realized_hit_tokens") / pl.col("realized_prompt_tokens")).otherwise(None)
             .alias("realized_hit_ratio"),
             ttl_s_column(pl.col("ttl")).alias("ttl_s"),
-            pl.lit(spec).alias("profile"))
+            pl.lit(label).alias("profile"))
         order = {m: i for i, m in enumerate(list(grid.streams) + ["org+key"])}
         agg = (agg.rename({"stream": "stream_key"} if by_stream else {})
                .rename({"stream_mode": "stream"})
@@ -104,13 +117,35 @@ def profile_sweep(con, profiles: Sequence[str] = ("ideal",), grid: Grid | None =
     out = pl.concat(frames) if frames else pl.DataFrame()
     if store and not by_stream and len(out):
         for spec in profiles:
-            con.execute("DELETE FROM results WHERE profile = ?", [spec])
+            con.execute("DELETE FROM results WHERE profile = ?" + (" OR profile LIKE 'auto/%'" if is_auto(spec)
+                                                                  else ""), [spec])
         res = out.select(["profile", "stream", "ttl_s", "block", "min_prefix", "requests", "prompt_tokens",
                           "hit_tokens", "hit_ratio", "requests_hit"]).to_arrow()
         con.register("_profile_res", res)
         con.execute("INSERT INTO results SELECT * FROM _profile_res")
         con.unregister("_profile_res")
     return out
+
+
+def _expand(con, profiles: Sequence[str]) -> list[tuple[str, str, list | None]]:
+    """(label, profile, models or None for all) per profile asked for; ``auto`` → one per profile its models use."""
+    out: list[tuple[str, str, list | None]] = []
+    for spec in profiles:
+        if not is_auto(spec):
+            out.append((spec, spec, None))
+            continue
+        by: dict[str, list] = {}
+        for m, c in model_choices(con).items():
+            by.setdefault(c.profile, []).append(m)
+        out += [(f"auto/{p}", p, ms) for p, ms in by.items()]
+    return out
+
+
+def _realized_of(con, df: pl.DataFrame) -> dict:
+    """Usage totals over the requests of ``df`` (as :func:`realized`)."""
+    rz = _realized_by_request(con).join(df.select("request_id").unique(), on="request_id", how="inner")
+    return {"realized_requests": rz["u_p"].count(), "realized_prompt_tokens": rz["u_p"].sum(),
+            "realized_hit_tokens": rz["u_c"].sum()}
 
 
 def _realized_by_request(con) -> pl.DataFrame:

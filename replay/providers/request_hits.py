@@ -159,7 +159,7 @@ def _openai_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
     walks = replay_prompts(prompts, modes=("tenant",), variants=("prompt",))[("prompt", "tenant")]
     part_of = {r.request_id: p for r, p in zip(reqs, parts)}
     rows = []
-    for rid, _s, model, ts, n, gaps, depths in walks:
+    for rid, _s, model, ts, n, gaps, depths, _origins in walks:
         for ttl in grid.ttls:
             L = hits.depth_under(gaps, depths, ttl_us(ttl))
             rows.append(("org+key", rid, part_of[rid], model, ts, n, float(ttl), 1, min_t,

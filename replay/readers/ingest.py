@@ -27,11 +27,12 @@ from replay.readers.blobs import Blobs
 from replay.readers.files import ReadError, describe_error, expand_paths, file_keys, printable_path
 from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_fields
 from replay.readers.loader import FileIngest, FileStats
+from replay.readers.timeorder import FLAGGED
 from replay.readers.writer import Writer
 from replay.store import db
 from replay.store.failpoints import failpoint
 
-__all__ = ["IngestSummary", "ingest", "summary_text", "expand_paths"]
+__all__ = ["IngestSummary", "ingest", "summary_text", "unordered_text", "expand_paths"]
 
 # Store chat bodies as content-addressed blobs (requests.body_blobs) rather than
 # whole (requests.body). Off by default only until every reader of bodies reads
@@ -47,6 +48,9 @@ class IngestSummary:
     loaded: int = 0
     rejected: int = 0
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    # new files whose loaded units are not in time order: (path, 'reversed' | 'shuffled')
+    # (replay.readers.timeorder; they are sorted on replay all the same)
+    unordered_files: list[tuple[str, str]] = field(default_factory=list)
 
     def reconciles(self) -> bool:
         """Every input unit of the new files was either loaded or rejected."""
@@ -64,7 +68,22 @@ def summary_text(summary: IngestSummary) -> str:
     ]
     for reason, n in sorted(s.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0])):
         lines.append(f"  {reason:<20} {n:,}")
+    if s.unordered_files:
+        lines.append(unordered_text(s.unordered_files))
     return "\n".join(lines)
+
+
+SHOWN_FILES = 10  # unordered files named in the summary; the rest are counted
+
+
+def unordered_text(files: list[tuple[str, str]]) -> str:
+    """One line: how many files were reversed or shuffled, and which (their names, never their text)."""
+    counts = {o: sum(1 for _, x in files if x == o) for o in FLAGGED}
+    what = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
+    names = ", ".join(f"{p} ({o})" for p, o in files[:SHOWN_FILES])
+    more = f" and {len(files) - SHOWN_FILES} more" if len(files) > SHOWN_FILES else ""
+    return (f"time order: {len(files)} file(s) not in time order ({what}; sorted by time all the same): "
+            f"{names}{more}")
 
 
 # ----------------------------------------------------------------- entry point
@@ -176,6 +195,8 @@ class _Run:
         self.known.add(sha)
         self.next_sid += 1
         _add(self.summary, stats)
+        if stats.time_order in FLAGGED:
+            self.summary.unordered_files.append((printable_path(path), stats.time_order))
         _tick(self.fbar)
 
     def _load(self, path: str, sid: int, sha: str | None,
@@ -252,9 +273,9 @@ class _Run:
         self.deferred.submit(self.con.execute, _FORGET_UNREADABLE, [printable_path(path)])  # readable now
         self.deferred.submit(self.con.execute,
                              "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected, "
-                             "time_unit) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             "time_unit, time_order) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              [sid, printable_path(path), sha, stats.format, stats.lines, stats.loaded, stats.rejected,
-                              job.opts.time_unit or job.opts.file_unit])
+                              job.opts.time_unit or job.opts.file_unit, stats.time_order])
         # committed on the deferred thread while the next file is read; an error
         # there is raised at the next file's first insert, or at the end
         self.deferred.submit(self.con.commit)

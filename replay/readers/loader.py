@@ -24,6 +24,7 @@ from replay.readers.files import (decode_text, doc_error, file_kind, guard_units
 from replay.readers.formats import DOCUMENT_CONVERTERS, DOCUMENT_FORMATS, convert_record, detect_record
 from replay.readers.formats import expand_units
 from replay.readers.hashtraces import LENGTHS_FORMAT, is_lengths_record
+from replay.readers.timeorder import TimeOrder
 from replay.readers.writer import Writer
 
 DETECT_LOOKAHEAD = 100  # parseable records examined when the first ones are ambiguous
@@ -36,6 +37,7 @@ class FileStats:
     loaded: int = 0
     rejected: int = 0
     by_reason: dict[str, int] = field(default_factory=dict)
+    time_order: str | None = None  # of the loaded units, in file order (replay.readers.timeorder)
 
 
 def _looks_like_json_lines(data: bytes, lines: int = 20) -> bool:
@@ -71,6 +73,7 @@ class FileIngest:
         self.slow: set[int] = set()  # JSONL lines the standard parser had to read
         self.kind = ""
         self.memo: dict | None = None  # identity memo of body parts (trajectories)
+        self.order = TimeOrder()  # the loaded units' times, in file order
 
     # -- counting
     def _reject(self, line_no: int | None, r: Reject) -> None:
@@ -89,6 +92,7 @@ class FileIngest:
             self._reject(line_no, too_deep())
             return
         self.next_id += 1
+        self.order.add(row["ts_us"])
         self.stats.lines += 1
         self.stats.loaded += 1
         self._tick()
@@ -115,6 +119,7 @@ class FileIngest:
                 self._records(guard_units(iter_parquet(src)))
             else:
                 self._records(guard_units(iter_jsonl(fh, self.slow)))
+        self.stats.time_order = self.order.order()
         return self.stats
 
     def _too_large_document(self, head: bytes) -> None:

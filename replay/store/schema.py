@@ -86,7 +86,8 @@ TABLES: dict[str, str] = {
             ts_us BIGINT NOT NULL,
             prompt_tokens BIGINT NOT NULL,
             gaps BIGINT[] NOT NULL,     -- microseconds
-            depths BIGINT[] NOT NULL
+            depths BIGINT[] NOT NULL,
+            origins TINYINT[]           -- each step's origin (replay.core.streams.ORIGINS)
         )""",
     "walk_sets": """
         CREATE TABLE IF NOT EXISTS walk_sets (
@@ -152,6 +153,15 @@ MIGRATIONS = (
     # openai:cache_hit) and the input tokens it says were missed after the divergence
     "ALTER TABLE requests ADD COLUMN IF NOT EXISTS diag_reason VARCHAR",
     "ALTER TABLE requests ADD COLUMN IF NOT EXISTS diag_missed_tokens BIGINT",
+    # the time order of a file's loaded units as they came (replay.readers.timeorder):
+    # sorted, jittered, reversed or shuffled; NULL for files ingested before it, or
+    # whose bytes could not be read
+    "ALTER TABLE sources ADD COLUMN IF NOT EXISTS time_order VARCHAR",
+    # derived data: each walk step's origin (who last wrote that part of the prefix,
+    # docs/origin.md). Walk sets replayed before it have none; they are stale
+    # (replay.store.walksets.WALKS_LAYOUT is part of their fingerprint) and
+    # `prepare` replays them.
+    "ALTER TABLE walks ADD COLUMN IF NOT EXISTS origins TINYINT[]",
 )
 
 

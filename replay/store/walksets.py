@@ -10,12 +10,19 @@ current, so a stale set is never read silently.
 
 The fingerprint changes when requests are added or removed, when a request's
 time, stream attributes or model change, when prompts are added, removed or
-change length, and when the tokenizer (with its rendering) changes.
+change length, when the tokenizer (with its rendering) changes, and when what a
+walk row holds changes (:data:`WALKS_LAYOUT`: sets replayed by an earlier
+version are stale, and replayed again by ``prepare``).
 """
 
 from __future__ import annotations
 
 from replay.store import db
+
+
+#: what a walk row holds; changed whenever a replay writes rows an earlier one did
+#: not ("origins": each step's origin), so walk sets of earlier rows are stale
+WALKS_LAYOUT = "origins"
 
 
 class StaleWalks(RuntimeError):
@@ -29,7 +36,7 @@ def data_fingerprint(con) -> str:
                        FROM requests""").fetchone()
     p = con.execute("""SELECT count(*), coalesce(sum(hash(request_id, n_tokens, output_n_tokens)), 0)
                        FROM prompts""").fetchone()
-    return ":".join(str(x) for x in (*r, *p, db.get_meta(con, "tokenizer", "")))
+    return ":".join(str(x) for x in (*r, *p, db.get_meta(con, "tokenizer", ""), WALKS_LAYOUT))
 
 
 def status(con) -> dict[tuple[str, str], tuple[int, str]]:

@@ -16,7 +16,7 @@ from replay.analysis.whatif import FIXES, normalized_copy, whatif
 from replay.core.streams import check_modes
 from replay.core.times import INF_US, format_ttl, parse_ttl
 from replay.prepare import prepare
-from replay.providers.catalog import get_profile
+from replay.providers.auto import parses_json
 
 
 def miss_parts(con, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
@@ -44,7 +44,7 @@ def _miss_rows(con, ttl, block, min_prefix, stream, profile, tokenizer=None):
         raise ValueError("block must be ≥ 1")
     check_modes((stream,))
     work = con
-    if profile not in (None, "", "ideal") and get_profile(profile).canonical_json:
+    if parses_json(con, profile):
         # a hosted API parses the JSON before building the prompt: key order cannot miss there
         work = normalized_copy(con, ["canonical-json"], tokenizer=tokenizer)
     prepare(work, modes=(stream, "global"), horizon_us=INF_US, tokenizer=tokenizer)
