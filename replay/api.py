@@ -27,6 +27,7 @@ from replay.analysis.overview import idle_gaps, overview  # noqa: F401
 from replay.analysis.origin import origin_figures, origin_section, routable_shares  # noqa: F401
 from replay.analysis.prefixes import BY as PREFIX_RANKINGS, prefixes_section, top_prefixes  # noqa: F401
 from replay.analysis.report import write_report  # noqa: F401
+from replay.analysis.show import RequestNotFound, TextRefused as ShowTextRefused, show_request  # noqa: F401
 from replay.analysis.trend import DEFAULT_THRESHOLD as TREND_THRESHOLD, format_text as format_trend  # noqa: F401
 from replay.analysis.trend import trend, trend_section, weekly_ceilings  # noqa: F401
 from replay.analysis.whatif import FIXES, format_whatif, whatif  # noqa: F401
@@ -49,7 +50,8 @@ from replay.readers.ingest import ingest as _ingest
 from replay.store import db
 from replay.store.db import DEFAULT_DB  # noqa: F401
 from replay.synth.generator import generate as synth  # noqa: F401
-from replay.text.tok import load_tokenizer
+from replay.text.renderers import RENDERS  # noqa: F401
+from replay.text.tok import load_tokenizer, tokenizer_spec  # noqa: F401
 from replay.text.tokenize import tokenize_stage
 from replay.validate.check import store_result, summary_lines, validate, validation_section  # noqa: F401
 
@@ -58,7 +60,7 @@ __all__ = ["open_db", "remove_db", "ingest", "load_tokenizer", "tokenize", "prep
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
            "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
            "near_duplicates", "trend", "trend_section", "top_prefixes", "prefixes_section",
-           "origin_section", "Grid", "format_ttl", "parse_ttl"]
+           "origin_section", "show_request", "Grid", "format_ttl", "parse_ttl"]
 
 open_db = db.connect
 remove_db = db.remove

@@ -28,7 +28,10 @@ def as_tokenizer(tokenizer) -> Tok:
 def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
             tokenizer=None, progress: bool = False) -> dict:
     """Make sure prompts are tokenized and the walks of every (variant, mode) are
-    current for ``horizon_us`` (exact for every TTL up to it). Returns what ran
+    current for ``horizon_us`` (exact for every TTL up to it). ``tokenizer``: a
+    ``Tok``, a directory, a ``TokenizerSpec`` (directory and rendering:
+    ``--render``; the rendering is part of the tokenizer's name, so a change of
+    either re-tokenizes), or None (what the database holds). Returns what ran
     (``tokenize``, ``replay``: the stages' summaries)."""
     modes = check_modes(modes)
     bad = [v for v in variants if v not in VARIANTS]

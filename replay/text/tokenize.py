@@ -1,7 +1,9 @@
 """Tokenize stage: ``requests`` → content-addressed ``segments`` + ``prompts``.
 
-Every request body is rendered with the neutral template of
-:mod:`replay.text.render` into pieces; each piece is a *segment* keyed by a
+Every request body is rendered into pieces — with the neutral template of
+:mod:`replay.text.render`, or DeepSeek's encoding
+(:mod:`replay.text.render_deepseek`) when the ``Tok`` says so (``--render``;
+the rendering is part of ``Tok.name``); each piece is a *segment* keyed by a
 tokenizer-independent content id (``seg_id`` = first 8 bytes, unsigned
 big-endian, of ``blake2b`` (64-byte digest) over):
 
@@ -14,23 +16,26 @@ Unique texts are tokenized once, in batches, without BOS/EOS, by the tokenizer
 (``replay.text.tok``: exactly the ids of Hugging Face ``tokenizers``, usually
 from a helper process that has prepared most body parts while ingest ran).
 Bodies stored as content-addressed parts are rendered a part at a time
-(``replay.text.blob_cache``). A request that cannot be rendered is set aside
+(``replay.text.blob_cache``) under the neutral template; another rendering
+(whose wrapping of a message depends on its neighbours) renders each body
+whole, its segments still content-addressed. A request that cannot be rendered is set aside
 (table ``set_aside``, with the reason) and the stage goes on.
 Because a marker (an added token) sits between any two text pieces,
 segment-wise tokenization equals tokenizing the whole rendered prompt (checked
 in the tests).
 
-The ``segments`` table belongs to one tokenizer: ``meta['tokenizer']`` holds
-``Tok.name``; tokenizing with another tokenizer first clears ``segments``,
+The ``segments`` table belongs to one tokenizer and rendering:
+``meta['tokenizer']`` holds ``Tok.name`` (with ``+render=NAME`` unless
+neutral); tokenizing with another tokenizer or rendering first clears ``segments``,
 ``prompts`` and the requests it set aside (the walks' fingerprint names the
 tokenizer, so ``replay.prepare`` replays them).
 
 Chat templates: a local Hugging Face tokenizer directory may carry a
 ``chat_template`` (exposed as ``Tok.chat_template``), but it is *not* used for
-segments — the neutral template is always the rendering, because a Jinja
-template gives no guarantee that pieces are separated by special tokens (so no
-exact content-addressing). Rendering with a model's own template is a what-if
-left to diagnostics.
+segments — a Jinja template gives no guarantee that pieces are separated by
+special tokens (so no exact content-addressing). The renderings are written
+here instead: the neutral template (the default) and DeepSeek's encoding
+(``--render deepseek``, which matches the DeepSeek API's ``prompt_tokens``).
 
 Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
 ``output``); ``tokens`` → one segment holding ``tokens`` (``seg_parts = [1]``)
@@ -54,7 +59,6 @@ from replay.store import db
 from replay.store.failpoints import failpoint
 from replay.store.jsontext import loads
 from replay.text.blob_cache import BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows
-from replay.text.render import render_output, render_request
 from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg_id
 from replay.text.tok import Tok, load_tokenizer
 
@@ -334,6 +338,10 @@ class _Run:
         # requests whose body is stored as parts: assembled together, with arrays
         by_blobs = np.array([blob_valid[i] and bodies[i] is None and fmts[i] != "tokens"
                              for i in range(len(rids))], dtype=bool)
+        if self.tok.render != "neutral" and by_blobs.any():
+            # parts are rendered neutrally: another rendering renders each body whole
+            tbl = _with_whole_bodies(self.reads, tbl, by_blobs, blobs_col)
+            by_blobs[:] = False
         sel = np.flatnonzero(by_blobs)
         flat, sel_off = take_rows(blobs_col.offsets.to_numpy(), sel)
         sel_ids = blobs_col.values.to_numpy(zero_copy_only=False)[flat]
@@ -367,10 +375,10 @@ class _Run:
                     if not by_blobs[i]:
                         if bodies[i] is None:
                             raise ValueError("no body")
-                        pieces = render_request(loads(bodies[i]), fmts[i])
+                        pieces = self.tok.render_request(loads(bodies[i]), fmts[i])
                         seg_ids, parts = [store.add_piece(p) for p in pieces], [p[2] for p in pieces]
                     if outputs[i] is not None and (o := loads(outputs[i])) is not None:
-                        out_ids = [store.add_piece(p) for p in render_output(o, fmts[i])]
+                        out_ids = [store.add_piece(p) for p in self.tok.render_output(o, fmts[i])]
             except Exception as exc:  # noqa: BLE001 - set aside with its reason, never silent
                 out.aside.append((rid, str(exc) if isinstance(exc, Unrenderable) else type(exc).__name__))
                 continue
@@ -432,6 +440,23 @@ class _Run:
         self.reads.close()
         if self.bar is not None:
             self.bar.close()
+
+
+def _with_whole_bodies(con, tbl: pa.Table, by_blobs: np.ndarray, blobs_col) -> pa.Table:
+    """``tbl`` with the ``body`` of its rows stored as parts (``by_blobs``) filled
+    in: their parts' texts joined (the body's compact JSON, as the
+    ``request_bodies`` view gives it), each distinct part read once."""
+    rows = [blobs_col[i].values.to_numpy(zero_copy_only=False) if by_blobs[i] else None
+            for i in range(len(by_blobs))]
+    wanted = np.unique(np.concatenate([r for r in rows if r is not None]))
+    _replay_blob_ids = pa.table({"blob_id": pa.array(wanted.astype(np.uint64), pa.uint64())})  # noqa: F841
+    texts = dict(con.execute("SELECT b.blob_id, b.text FROM blobs b SEMI JOIN _replay_blob_ids w USING (blob_id)")
+                 .fetchall())
+    bodies = tbl.column("body").to_pylist()
+    for i, r in enumerate(rows):
+        if r is not None:
+            bodies[i] = "".join(texts[b] for b in r.tolist())
+    return tbl.set_column(tbl.schema.get_field_index("body"), "body", pa.array(bodies, pa.string()))
 
 
 def _prompt_rows(rows: list[tuple], known: dict[int, int]) -> pa.Table:

@@ -19,6 +19,7 @@ import msgspec
 
 from replay.text import tiktoken_bpe
 from replay.text.render import MARKERS
+from replay.text.render_deepseek import SPECIALS
 
 # The pre-tokenizer tiktoken's translation was made (and is tested) for:
 # DeepSeek-V3/V4's digits / CJK / main-regex splits, then byte-level.
@@ -56,6 +57,10 @@ def prepare_tokenizer(tokenizer, name: str = "") -> dict:
         if tid is None:  # pragma: no cover - add_special_tokens always succeeds
             raise RuntimeError(f"marker {s!r} missing from tokenizer {name}")
         marker_ids[marker] = int(tid)
+    for marker, s in SPECIALS.items():  # another rendering's tokens: used where present, never added
+        tid = tokenizer.token_to_id(s)
+        if marker not in marker_ids and tid is not None and s in added:
+            marker_ids[marker] = int(tid)
     return {"vocab_size": vocab_size, "marker_ids": marker_ids, "markers_added": bool(missing)}
 
 
@@ -147,7 +152,8 @@ def json_facts(tokenizer_json: bytes) -> JsonFacts | None:
     if any(m not in ids for m in MARKERS.values()) or len(ids) != len(added):
         return None
     info = {"vocab_size": _vocab_size(tokenizer_json) or 1,
-            "marker_ids": {name: ids[m] for name, m in MARKERS.items()}, "markers_added": False}
+            "marker_ids": {**{name: ids[m] for name, m in SPECIALS.items() if m in ids},
+                           **{name: ids[m] for name, m in MARKERS.items()}}, "markers_added": False}
     return JsonFacts(info, added, tokenizer_json)
 
 

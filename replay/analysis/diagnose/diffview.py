@@ -6,7 +6,8 @@ import json
 
 from replay.analysis.diagnose.rules import classify_text, line_window, shown
 from replay.core.times import US_PER_S
-from replay.text.render import render_request
+from replay.store import db
+from replay.text.renderers import render_of, request_renderer
 
 
 def diff_view(con, stream_or_session: str, index: int | None = None, show_text: bool = False) -> str:
@@ -34,6 +35,7 @@ def diff_view(con, stream_or_session: str, index: int | None = None, show_text: 
     if len(rows) < 2:
         return f"{s}: fewer than two requests with a body"
     rendered = []
+    render_request = request_renderer(render_of(db.get_meta(con, "tokenizer")))  # as tokenized
 
     def piece_list(k):
         while len(rendered) <= k:

@@ -28,7 +28,8 @@ from replay.core.prompts import SegmentStore, time_ordered_chunks
 from replay.core.streams import stream_key
 from replay.core.times import INF_US, seconds, ttl_us
 from replay.core.walks import read_walks
-from replay.text.render import render_request
+from replay.store import db
+from replay.text.renderers import render_of, request_renderer
 from replay.text.segids import marker_seg_id
 
 #: premature-divergence causes, in the order ties are listed
@@ -154,12 +155,13 @@ class _Rendered:
                 except (TypeError, ValueError):
                     self.bodies[rid] = ({}, fmt)
         self._pieces: dict[int, list] = {}
+        self._render = request_renderer(render_of(db.get_meta(con, "tokenizer")))  # as tokenized
 
     def pieces(self, rid: int) -> list:
         if rid not in self._pieces:
             b, fmt = self.bodies.get(rid, ({}, "anthropic"))
             try:
-                self._pieces[rid] = render_request(b, fmt)
+                self._pieces[rid] = self._render(b, fmt)
             except Exception:  # noqa: BLE001 - an unrenderable body is classified 'other'
                 self._pieces[rid] = []
             if len(self._pieces) > 4096:
