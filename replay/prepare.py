@@ -25,6 +25,19 @@ def as_tokenizer(tokenizer) -> Tok:
     return tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
 
 
+def decoding_tokenizer(con, tokenizer) -> Tok:
+    """The tokenizer to decode the stored prompts with (for ``--show-text``):
+    ``tokenizer`` as a ``Tok``; with none named, the default — refused
+    (ValueError) when the prompts were tokenized by another one, since decoding
+    with a tokenizer other than the one that encoded gives wrong text."""
+    tok = as_tokenizer(tokenizer)
+    used = db.get_meta(con, "tokenizer")
+    if tokenizer is None and used not in (None, tok.name):
+        raise ValueError(f"the prompts were tokenized with {used}: give its directory (--tokenizer) "
+                         "and rendering (--render) to decode them")
+    return tok
+
+
 def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
             tokenizer=None, progress: bool = False) -> dict:
     """Make sure prompts are tokenized and the walks of every (variant, mode) are

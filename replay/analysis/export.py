@@ -66,8 +66,7 @@ import numpy as np
 
 from replay.core.prompts import RECENT_CONVERSATIONS, iter_prompts
 from replay.core.streams import check_modes, stream_key
-from replay.prepare import as_tokenizer, prepare
-from replay.store import db
+from replay.prepare import decoding_tokenizer, prepare
 
 TARGETS = ("mooncake", "bailian", "vllm-custom", "sglang")
 TEXT_TARGETS = ("vllm-custom", "sglang")
@@ -115,12 +114,12 @@ def export(con, path: str, to: str = "mooncake", block: int | None = None, strea
         block = DEFAULT_BLOCK[to] if block is None else int(block)
         if block < 1:
             raise ValueError("the block size must be at least 1 token")
-    tok = as_tokenizer(tokenizer) if (to in TEXT_TARGETS or tokenizer is not None) else None
-    used = db.get_meta(con, "tokenizer")
-    if tok is not None and tokenizer is None and used not in (None, tok.name):
-        # decoding with another tokenizer than the one that encoded would be wrong text
-        raise ExportRefused(f"the prompts were tokenized with {used}: give its directory (--tokenizer) "
-                             "and rendering (--render) to decode them")
+    tok = None
+    if to in TEXT_TARGETS or tokenizer is not None:
+        try:
+            tok = decoding_tokenizer(con, tokenizer)
+        except ValueError as e:
+            raise ExportRefused(str(e)) from None
     prepare(con, modes=(), tokenizer=tok, progress=progress)
     summary = ExportSummary(to, str(path), block)
     outputs = _output_lengths(con)

@@ -58,8 +58,7 @@ from replay.core.streams import check_modes
 from replay.core.times import format_ttl, parse_ttl, ttl_us
 from replay.core.trie import common_prefix_len
 from replay.core.walks import read_walks
-from replay.prepare import as_tokenizer, prepare
-from replay.store import db
+from replay.prepare import decoding_tokenizer, prepare
 from replay.text.segids import MARKER_SEG
 
 BY = ("hit_tokens", "requests")
@@ -305,11 +304,7 @@ def top_prefixes(con, ttl: float | str = 300, block: int = 16, min_prefix: int =
         raise ValueError(f"unknown ranking {by!r}; choose from {', '.join(BY)}")
     tok = None
     if show_text:
-        tok = as_tokenizer(tokenizer)
-        used = db.get_meta(con, "tokenizer")
-        if tokenizer is None and used not in (None, tok.name):
-            raise ValueError(f"the prompts were tokenized with {used}: give its directory (--tokenizer) to "
-                             "decode them")
+        tok = decoding_tokenizer(con, tokenizer)
     tries, rows, cand, caches = compute(con, stream, ttl, block, min_prefix, tokenizer=tok or tokenizer,
                                         progress=progress)
     order = rank(cand, by)

@@ -40,7 +40,7 @@ from datetime import datetime, timedelta, timezone
 
 import numpy as np
 
-from replay.prepare import as_tokenizer, prepare
+from replay.prepare import decoding_tokenizer, prepare
 from replay.store import db
 from replay.text.segids import MARKER_SEG
 
@@ -75,11 +75,10 @@ def show_request(con, request_id: int, show_text: bool = False, tokenizer=None, 
         raise RequestNotFound(f"no request {rid} in the database ({held})")
     tok = None
     if show_text:
-        tok = as_tokenizer(tokenizer)
-        used = db.get_meta(con, "tokenizer")
-        if tokenizer is None and used not in (None, tok.name):
-            raise TextRefused(f"the prompts were tokenized with {used}: give its directory (--tokenizer) to decode "
-                              "them")
+        try:
+            tok = decoding_tokenizer(con, tokenizer)
+        except ValueError as e:
+            raise TextRefused(str(e)) from None
     prepare(con, modes=(), tokenizer=tok or tokenizer, progress=progress)
     (_, ts, tenant, session, key, user_id, model, fmt, path, line, up, uc, uw, uo, is_trace) = row
     usage = {k: v for k, v in (("prompt_tokens", up), ("cached_tokens", uc), ("cache_write_tokens", uw),

@@ -150,6 +150,11 @@ def _one_ttl(text: str) -> float:
         raise click.BadParameter(str(e), param_hint="--ttl") from None
 
 
+def one_ttl(ctx, param, value) -> float:
+    """Callback of a command's own single ``--ttl`` option."""
+    return _one_ttl(value)
+
+
 def warmup_option(f):
     """``--warmup F``: measure on the last 1 − F of the requests by time (sweep, capacity, run, report)."""
     return click.option("--warmup", default="0", show_default=True, callback=_warmup,

@@ -7,16 +7,9 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs
+from replay.cli.options import db_option, ingest_options, load_logs, one_ttl
 
 TEXT_SHOWN = 160  # characters of a prefix's text the table shows (head and tail); --json gives it whole
-
-
-def _ttl(ctx, param, value):
-    try:
-        return api.parse_ttl(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
 
 
 @click.command("prefixes")
@@ -24,7 +17,7 @@ def _ttl(ctx, param, value):
 @db_option
 @ingest_options
 @click.option("--top", default=20, show_default=True, type=click.IntRange(min=1), help="Prefixes to show.")
-@click.option("--ttl", default="5m", show_default=True, callback=_ttl,
+@click.option("--ttl", default="5m", show_default=True, callback=one_ttl,
               help="TTL: seconds, or with s/m/h/d; 'inf' = no expiry.")
 @click.option("--block", default=16, show_default=True, type=click.IntRange(min=1),
               help="Block size in tokens (1 = token-level).")

@@ -7,14 +7,7 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs
-
-
-def _ttl(ctx, param, value):
-    try:
-        return api.parse_ttl(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e)) from None
+from replay.cli.options import db_option, ingest_options, load_logs, one_ttl
 
 
 @click.command("trend")
@@ -23,7 +16,7 @@ def _ttl(ctx, param, value):
 @ingest_options
 @click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
               help="Stream mode.")
-@click.option("--ttl", default="5m", show_default=True, callback=_ttl,
+@click.option("--ttl", default="5m", show_default=True, callback=one_ttl,
               help="TTL: seconds, or with s/m/h/d; 'inf' = no expiry.")
 @click.option("--block", default=16, show_default=True, type=click.IntRange(min=1),
               help="Block size in tokens (1 = token-level).")
