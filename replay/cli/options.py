@@ -129,7 +129,14 @@ def kv_model(model=None, model_config=None, kv_bytes_per_token=None, kv_dtype=No
 
 
 def one_config(f):
-    """One configuration (diagnose, whatif)."""
+    """One configuration and a profile (diagnose, whatif)."""
+    f = one_configuration(f)
+    return click.option("--profile", default="ideal", show_default=True,
+                        help="Profile (ideal, auto — each model's own —, or one of `replay profiles`).")(f)
+
+
+def one_configuration(f):
+    """One configuration: --ttl, --block, --min-prefix, --stream (prefixes, trend; diagnose and whatif via one_config)."""
     f = click.option("--ttl", default="5m", show_default=True, callback=lambda c, p, v: _one_ttl(v),
                      help="TTL: seconds, or with s/m/h/d; 'inf' = no expiry.")(f)
     f = click.option("--block", default=16, show_default=True, type=click.IntRange(min=1),
@@ -138,8 +145,6 @@ def one_config(f):
                      help="Minimum cacheable prefix in tokens.")(f)
     f = click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
                      help="Stream mode.")(f)
-    f = click.option("--profile", default="ideal", show_default=True,
-                     help="Profile (ideal, auto — each model's own —, or one of `replay profiles`).")(f)
     return f
 
 
@@ -148,11 +153,6 @@ def _one_ttl(text: str) -> float:
         return api.parse_ttl(text)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--ttl") from None
-
-
-def one_ttl(ctx, param, value) -> float:
-    """Callback of a command's own single ``--ttl`` option."""
-    return _one_ttl(value)
 
 
 def warmup_option(f):

@@ -7,7 +7,7 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs, one_ttl
+from replay.cli.options import db_option, ingest_options, load_logs, one_configuration
 
 TEXT_SHOWN = 160  # characters of a prefix's text the table shows (head and tail); --json gives it whole
 
@@ -16,15 +16,8 @@ TEXT_SHOWN = 160  # characters of a prefix's text the table shows (head and tail
 @click.argument("logs", nargs=-1)
 @db_option
 @ingest_options
+@one_configuration
 @click.option("--top", default=20, show_default=True, type=click.IntRange(min=1), help="Prefixes to show.")
-@click.option("--ttl", default="5m", show_default=True, callback=one_ttl,
-              help="TTL: seconds, or with s/m/h/d; 'inf' = no expiry.")
-@click.option("--block", default=16, show_default=True, type=click.IntRange(min=1),
-              help="Block size in tokens (1 = token-level).")
-@click.option("--min-prefix", "min_prefix", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Minimum cacheable prefix in tokens.")
-@click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
-              help="Stream mode.")
 @click.option("--by", default="hit_tokens", show_default=True, type=click.Choice(list(api.PREFIX_RANKINGS)),
               help="Rank by the hit tokens a prefix served, or by the requests that reused it.")
 @click.option("--json", "as_json", is_flag=True,

@@ -7,21 +7,14 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs, one_ttl
+from replay.cli.options import db_option, ingest_options, load_logs, one_configuration
 
 
 @click.command("trend")
 @click.argument("logs", nargs=-1)
 @db_option
 @ingest_options
-@click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
-              help="Stream mode.")
-@click.option("--ttl", default="5m", show_default=True, callback=one_ttl,
-              help="TTL: seconds, or with s/m/h/d; 'inf' = no expiry.")
-@click.option("--block", default=16, show_default=True, type=click.IntRange(min=1),
-              help="Block size in tokens (1 = token-level).")
-@click.option("--min-prefix", "min_prefix", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Minimum cacheable prefix in tokens.")
+@one_configuration
 @click.option("--threshold", default=api.TREND_THRESHOLD, show_default=True, type=click.FloatRange(min=0),
               help="Flag a stream whose ceiling dropped by more than this many points from its previous week.")
 @click.option("--prices", type=click.Path(exists=True, dir_okay=False), default=None,
