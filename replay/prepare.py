@@ -34,7 +34,7 @@ def decoding_tokenizer(con, tokenizer) -> Tok:
     used = db.get_meta(con, "tokenizer")
     if tokenizer is None and used not in (None, tok.name):
         raise ValueError(f"the prompts were tokenized with {used}: give its directory (--tokenizer) "
-                         "and rendering (--render) to decode them")
+                         "and rendering (--render, or --chat-template) to decode them")
     return tok
 
 

@@ -139,6 +139,33 @@ def test_end_to_end_small_validation(model_dir, servers):
     assert _no_server_for(model_dir)
 
 
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}<｜User｜>{% elif m.role == 'assistant' %}"
+            "<｜Assistant｜>{% else %}<｜User｜>[{{ m.role }}] {% endif %}{{ m.content if m.content is string else "
+            "m.content | tojson }}{% if m.tool_calls %}{{ m.tool_calls | tojson }}{% endif %}"
+            "{% if m.role == 'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}<｜Assistant｜>{% endif %}")
+
+
+def test_a_chat_template_is_what_the_server_sees(model_dir, servers, tmp_path):
+    """With --chat-template, each request goes as the template's text; the
+    server's prompt_tokens equal the stored tokens and its cached tokens the
+    prediction."""
+    from replay import api
+
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text(TEMPLATE)
+    con = synthetic_db()
+    res = V.validate(con, sample=12, model=None, model_cache_dir=model_dir, prompt_cache_size=2,
+                     max_prompt_tokens=1500, timeout_s=120, cold_pass=False,
+                     tokenizer=api.tokenizer_spec(None, None, str(tpl)))
+    assert res["error"] is None, res["error"]
+    assert "chat template" in res["sampled"]["tokens"]
+    assert db.get_meta(con, "tokenizer").startswith("deepseek-v4+template=")
+    assert res["requests"] == 12 and res["prompt_tokens_match"] == 1.0
+    assert res["cached_exact_share"] >= 0.99
+    assert _no_server_for(model_dir)
+
+
 def test_a_byte_budget_is_predicted_exactly_on_the_shipped_sample(model_dir, servers):
     """mlx-lm's --prompt-cache-bytes (the budget holds ~2,900 tokens of this
     model's KV, so it evicts): every request's cached tokens as predicted."""

@@ -247,8 +247,9 @@ def fidelity_section(con, out_dir=None) -> str:
         return ""
     s = fidelity_summary(df)
     used = db.get_meta(con, "tokenizer")
-    how = ("DeepSeek's encoding (`--render deepseek`)" if render_of(used) == "deepseek"
-           else "the neutral template; `--render deepseek` renders DeepSeek's encoding")
+    how = {"deepseek": "DeepSeek's encoding (`--render deepseek`)",
+           "template": "a chat template (`--chat-template`)"}.get(
+        render_of(used), "the neutral template; `--render deepseek` renders DeepSeek's encoding")
     lines = ["## Rendering fidelity", "",
              f"Rendered prompt tokens ({how}; tokenizer {used or 'DeepSeek-V4'}) against the "
              "provider's reported prompt tokens, per request with usage. Hit ratios are computed on each side's own "

@@ -30,7 +30,10 @@ where it sits in the whole text: a ``Metaspace`` pre-tokenizer that prefixes
 only the text's first word (``prepend_scheme: first``). Such a tokenizer, or one
 with no added token to cut at, encodes each request's whole text as one
 segment (slower, still exact). A template that puts no added token between
-messages gives one piece per request the same way.
+messages gives one piece per request the same way. The tokenize stage checks
+the argument on one request of every chunk (``tokenize.check_cuts``) and stops
+with a clear error if a tokenizer breaks it; ``REPLAY_TEMPLATE_WHOLE_TEXT=1``
+turns the cutting off.
 
 Parts
 -----
@@ -61,6 +64,8 @@ from replay.text.template_messages import template_messages
 
 #: bumped whenever the mapping of bodies or the rendering changes what a template sees
 MAPPING_VERSION = "1"
+#: set to 1: never cut the rendered text (each request's whole text is one segment)
+WHOLE_TEXT_ENV = "REPLAY_TEMPLATE_WHOLE_TEXT"
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 # a loop over a message's content: the template reads content blocks (vLLM's "openai" content format)
 _LOOPS_CONTENT = re.compile(r"\{%-?\s*for\s+\w+\s+in\s+[^%]*content[^%]*%\}")
@@ -254,7 +259,8 @@ class Splitter:
         self.cut_at = {a["content"] for a in added if a.get("content") and not (
             a.get("lstrip") or a.get("rstrip") or a.get("single_word")
             or (a.get("normalized") and normalizer not in (None, {"type": "Sequence", "normalizers": []})))}
-        self.whole = not self.cut_at or _prefixes_first_word(pre_tokenizer) or _prefixes_first_word(normalizer)
+        self.whole = (not self.cut_at or _prefixes_first_word(pre_tokenizer) or _prefixes_first_word(normalizer)
+                      or os.environ.get(WHOLE_TEXT_ENV, "") not in ("", "0"))
         self._re = re.compile("|".join(map(re.escape, contents))) if contents else None
 
     @classmethod

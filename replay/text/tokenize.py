@@ -60,6 +60,8 @@ from replay.store.failpoints import failpoint
 from replay.store.jsontext import loads
 from replay.text.blob_cache import BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows
 from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg_id
+from replay.text.render_template import WHOLE_TEXT_ENV
+from replay.text.renderers import TEMPLATE
 from replay.text.tok import Tok, load_tokenizer
 
 CHUNK_REQUESTS = (2_000, 10_000)  # requests per transaction: at least, at most (about 25 transactions)
@@ -160,6 +162,22 @@ def _commit(con) -> None:
     """A chunk's COMMIT, on the stage's thread: DuckDB's commit and the checkpoint
     it makes then run beside the next chunk's reads and its encoding."""
     con.execute("COMMIT")
+
+
+def check_cuts(tok: Tok, rid: int, pieces: list) -> None:
+    """A chat template's pieces (``replay.text.render_template``), encoded one by
+    one, must give the ids of the whole text: checked on one request of each
+    chunk, so a tokenizer that breaks the argument for cutting at added tokens
+    stops the stage instead of storing other ids."""
+    texts = [p[1] for p in pieces if p[0] == "text"]
+    if len(texts) != len(pieces) or len(texts) < 2:
+        return
+    got = tok.encode_arrays(texts + ["".join(texts)])
+    if not np.array_equal(np.concatenate(got[:-1]), got[-1]):
+        raise RuntimeError(
+            f"request {rid}: the chat template's text cut at the tokenizer's added tokens does not encode as "
+            f"the whole text does with {tok.base_name}; set {WHOLE_TEXT_ENV}=1 to encode each request's whole "
+            "text (exact, slower), and please report the tokenizer")
 
 
 def _encode_batches(tok: "Tok", texts: list[str], batch_chars: int) -> list[np.ndarray]:
@@ -358,6 +376,8 @@ class _Run:
         """Render what the chunk's body parts do not already give: bodies stored
         whole, outputs, pre-tokenized requests."""
         store, out = self.store, _Rendered()
+        self.cut_unchecked = self.tok.render == TEMPLATE  # one request a chunk: see check_cuts
+        to_check = None
         fmts, bodies = tbl.column("format").to_pylist(), tbl.column("body").to_pylist()
         outputs, times = tbl.column("output").to_pylist(), tbl.column("ts_us").to_pylist()
         toks, out_toks = db.list_rows(tbl.column("tokens")), db.list_rows(tbl.column("output_tokens"))
@@ -376,6 +396,9 @@ class _Run:
                         if bodies[i] is None:
                             raise ValueError("no body")
                         pieces = self.tok.render_request(loads(bodies[i]), fmts[i], times[i])
+                        if self.cut_unchecked:
+                            self.cut_unchecked = False
+                            to_check = (rid, pieces)
                         seg_ids, parts = [store.add_piece(p) for p in pieces], [p[2] for p in pieces]
                     if outputs[i] is not None and (o := loads(outputs[i])) is not None:
                         out_ids = [store.add_piece(p) for p in self.tok.render_output(o, fmts[i])]
@@ -387,6 +410,8 @@ class _Run:
                 out.blob_out.append(out_ids)
             else:
                 out.rows.append((rid, seg_ids, parts, out_ids))
+        if to_check is not None:  # (outside the loop's handler: a failed check stops the stage)
+            check_cuts(self.tok, *to_check)
         return out
 
     def _store(self, got: _Rendered, assembled, blob_rids: np.ndarray) -> None:

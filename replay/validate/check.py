@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from replay.prepare import prepare
+from replay.prepare import as_tokenizer, prepare
 from replay.validate.mlx_model import build_random_model, kv_bytes_per_token
 # the names marked noqa are re-exported: replay.api and the tests import from this module
 from replay.validate.passes import WARMUP_TEXT, replay_pass  # noqa: F401
@@ -97,7 +97,8 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
     Returns a dict (see the module docstring and ``docs``); ``error`` is None
     on success, else a message, with ``partial=True`` and what was measured.
     """
-    prepare(con, modes=(), tokenizer=tokenizer, progress=progress)
+    tok = as_tokenizer(tokenizer)
+    prepare(con, modes=(), tokenizer=tok, progress=progress)
     model_kind = "user" if model else "random-weights"
     res = _empty_result(model, model_kind)
     res["prompt_cache_size"] = prompt_cache_size
@@ -116,7 +117,7 @@ def validate(con, sample: int, model: str | None = None, prompt_cache_size: int 
         res["model"] = str(model_dir)
         _check_cache_bytes(model_dir, prompt_cache_bytes)
         items, info = sample_for_model(con, sample, max_prompt_tokens, seed, model_dir,
-                                       model_kind == "user")
+                                       model_kind == "user", tok.template)
         res["sampled"] = info
         if not items:
             raise ValidationError(

@@ -9,7 +9,9 @@ Requests are sent as described in :mod:`replay.validate.mlx_model`: to the
 default random-weight model as ``replay:<marker>`` pieces through the chat
 endpoint (its chat template renders the neutral template exactly); to a user's
 model (``model=DIR``) as the neutral rendering's text through
-``/v1/completions``, so the timing coefficients belong to that model.
+``/v1/completions``, so the timing coefficients belong to that model. With a
+chat template, every request goes as that template's text through
+``/v1/completions``.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ WARMUP_TEXT = "warm-up request sent by replay validate"
 
 
 def _request_body(item: Item, user_model: bool) -> tuple[str, dict]:
-    pieces = render.render_request(item.body, item.fmt)
     common = {"max_tokens": 1, "temperature": 0.0, "logprobs": True}
+    if item.text is not None:  # a chat template's rendering, as is
+        return "/v1/completions", {"prompt": item.text, **common}
+    pieces = render.render_request(item.body, item.fmt)
     if user_model:
         return "/v1/completions", {"prompt": render.render_text(pieces), **common}
     return "/v1/chat/completions", {"messages": raw_messages(pieces), **common}

@@ -10,7 +10,10 @@ stage's, else the neutral rendering tokenized here). For a user's model
 (``model=DIR``) they are the neutral rendering's text tokenized by that
 model's own tokenizer, computed with mlx-lm's ``load_tokenizer`` (the server's
 code path), so replay's DeepSeek-V4 counts do not apply
-(:func:`sample_for_model`).
+(:func:`sample_for_model`). With a chat template (``--chat-template``) each
+request is that template's rendering at the request's time, sent as text
+through ``/v1/completions``; the server must then see the tokens the tokenize
+stage stored (the default model), or that text tokenized by the user's model.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Item:
     body: dict
     tokens: np.ndarray | None = None   # what the server must see
     replay_n_tokens: int | None = None
+    text: str | None = None            # the chat template's rendering, sent as is (``--chat-template``)
 
 
 def _stream(tenant, key, session) -> str:
@@ -146,15 +150,23 @@ def choose_sample(con, sample: int, max_prompt_tokens: int, seed: int = 0,
 
 
 def sample_for_model(con, sample: int, max_prompt_tokens: int, seed: int, model_dir: Path,
-                     user_model: bool) -> tuple[list[Item], dict]:
+                     user_model: bool, template=None) -> tuple[list[Item], dict]:
     """:func:`choose_sample` with the tokens the server will see for
-    ``model_dir``; the info says where they came from."""
+    ``model_dir``; the info says where they came from. ``template``: a
+    ``render_template.ChatTemplate`` the requests are rendered with."""
     user_tok = None
     if user_model:
         from mlx_lm.utils import load_tokenizer
         user_tok = load_tokenizer(model_dir)
 
     def tokens_for(cand: list[Item]) -> dict[int, np.ndarray]:
+        if template is not None:
+            from replay.text.render_template import render_text
+
+            for it in cand:
+                it.text = render_text(template, it.body, it.fmt, it.ts)
+            if user_tok is not None:
+                return {it.request_id: np.asarray(user_tok.encode(it.text), dtype=np.int64) for it in cand}
         if user_tok is not None:
             return {it.request_id: np.asarray(user_tok.encode(
                 render.render_text(render.render_request(it.body, it.fmt))), dtype=np.int64)
@@ -163,7 +175,11 @@ def sample_for_model(con, sample: int, max_prompt_tokens: int, seed: int, model_
         return toks
 
     items, info = choose_sample(con, sample, max_prompt_tokens, seed, tokens_for)
-    if user_model:
+    if template is not None:
+        info["tokens"] = (f"the chat template {template.origin} rendered here, "
+                          + ("the model's own tokenizer" if user_model else "replay's stored tokens")
+                          + ", /v1/completions")
+    elif user_model:
         info["tokens"] = "the model's own tokenizer (mlx-lm load_tokenizer), /v1/completions"
     else:
         src = _replay_tokens(con, [it.request_id for it in items[:1]])[1] if items else "-"
