@@ -63,8 +63,9 @@ class EncoderProcess:
     Raises ``EncoderGone`` when the child is not there (the caller falls back).
     """
 
-    def __init__(self, path: str | Path, backend: str, fast_from_file: bool):
-        self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0")
+    def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True):
+        self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0",
+                                 "1" if add_markers else "0")
         self._lock = threading.Lock()
         self._info: dict | None = None
         self._warm_sent = 0
@@ -330,7 +331,7 @@ def _give_back_memory() -> None:
         pass
 
 
-def _load_engine(path: str, backend: str, fast_from_file: bool) -> tuple[Engine, dict]:
+def _load_engine(path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> tuple[Engine, dict]:
     """The engine, and the tokenizer's info (vocab_size, marker_ids, markers_added).
 
     Loading the reference takes a while before anything could be encoded. When
@@ -343,7 +344,7 @@ def _load_engine(path: str, backend: str, fast_from_file: bool) -> tuple[Engine,
         return (Engine(lambda: load_reference(path), source=path if fast_from_file else None, backend=backend,
                        facts=facts), facts.info)
     tk = load_reference(path)
-    info = prepare_tokenizer(tk, path)
+    info = prepare_tokenizer(tk, path, add_markers)
     source = path if (fast_from_file and not info["markers_added"]) else None
     return Engine(tk, source=source, backend=backend), info
 
@@ -408,7 +409,7 @@ class _Child:
         return self.engine.describe() + ahead
 
 
-def _serve(path: str, backend: str, fast_from_file: bool) -> None:
+def _serve(path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> None:
     """The child: protocol on the original stdout; anything printed goes to stderr."""
     # Warming runs beside the parent's ingest: one encoder thread and a lower
     # priority keep the parent's core its own; a request the parent waits for
@@ -419,7 +420,7 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
         pass
     proto_in, proto_out = child.protocol_streams()
     try:
-        engine, info = _load_engine(path, backend, fast_from_file)
+        engine, info = _load_engine(path, backend, fast_from_file, add_markers)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         child.write_frame(proto_out, ("error", f"{LOAD_FAILED} {path}: {type(exc).__name__}: {exc}"))
         return
@@ -458,6 +459,6 @@ def _serve(path: str, backend: str, fast_from_file: bool) -> None:
 
 if __name__ == "__main__":
     try:
-        _serve(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
+        _serve(sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4:5] != ["0"])
     except BrokenPipeError:  # the parent left before an answer: nobody to tell
         os._exit(0)

@@ -45,7 +45,8 @@ the rendered text is collected chunk by chunk as the template writes it. (The
 tools block a template writes inside its system message belongs to that
 message; the generation prompt to the last message.)
 
-Replies (``render_output``) are rendered neutrally (``replay.text.render``).
+Replies (``render_output``) are the neutral rendering's texts without its markers
+(``replay.text.render``): a template describes prompts, not what a model writes.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from replay.text.render import Piece, render_output  # noqa: F401 - render_output: the replies' rendering
+from replay.text.render import Piece, render_output
 from replay.text.template_messages import template_messages
 
 #: bumped whenever the mapping of bodies or the rendering changes what a template sees
@@ -255,13 +256,15 @@ class Splitter:
     (see the module docstring), so a text is never cut."""
 
     def __init__(self, added: list[dict], pre_tokenizer: Any, normalizer: Any):
-        contents = sorted({a["content"] for a in added if a.get("content")}, key=len, reverse=True)
         self.cut_at = {a["content"] for a in added if a.get("content") and not (
             a.get("lstrip") or a.get("rstrip") or a.get("single_word")
             or (a.get("normalized") and normalizer not in (None, {"type": "Sequence", "normalizers": []})))}
         self.whole = (not self.cut_at or _prefixes_first_word(pre_tokenizer) or _prefixes_first_word(normalizer)
                       or os.environ.get(WHOLE_TEXT_ENV, "") not in ("", "0"))
-        self._re = re.compile("|".join(map(re.escape, contents))) if contents else None
+        # tokenizers matches the added tokens that are not ``normalized`` first, then the
+        # normalized ones in the text left between those (two passes, each leftmost longest)
+        self._re = _alternation({a["content"] for a in added if a.get("content") and not a.get("normalized")})
+        self._re_normalized = _alternation({a["content"] for a in added if a.get("content") and a.get("normalized")})
 
     @classmethod
     def of_file(cls, tokenizer_json: str | Path) -> "Splitter":
@@ -274,14 +277,20 @@ class Splitter:
 
     def split(self, text: str) -> list[tuple[int, int]]:
         """``(start, end)`` of the pieces of ``text`` (none empty), in order."""
-        if self.whole or self._re is None:
+        if self.whole or (self._re is None and self._re_normalized is None):
             return [(0, len(text))] if text else []
+        matches: list[tuple[int, int]] = []
+        pos = 0
+        for s, e in [*_spans(self._re, text, 0, len(text)), (len(text), len(text))]:
+            matches.extend(_spans(self._re_normalized, text, pos, s))
+            if s < e:
+                matches.append((s, e))
+            pos = e
         out: list[tuple[int, int]] = []
         pos = 0
-        for m in self._re.finditer(text):
-            if m.group() not in self.cut_at:
+        for s, e in matches:
+            if text[s:e] not in self.cut_at:
                 continue
-            s, e = m.span()
             if s > pos:
                 out.append((pos, s))
             out.append((s, e))
@@ -289,6 +298,16 @@ class Splitter:
         if pos < len(text):
             out.append((pos, len(text)))
         return out
+
+
+def _alternation(contents: set[str]):
+    """A regex matching any of ``contents``, longest first (so leftmost longest), or None."""
+    return re.compile("|".join(map(re.escape, sorted(contents, key=len, reverse=True)))) if contents else None
+
+
+def _spans(rx, text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The matches of ``rx`` within ``text[start:end]``."""
+    return [] if rx is None or start >= end else [m.span() for m in rx.finditer(text, start, end)]
 
 
 def _prefixes_first_word(component: Any) -> bool:
@@ -301,6 +320,12 @@ def _prefixes_first_word(component: Any) -> bool:
     if isinstance(component, list):
         return any(_prefixes_first_word(v) for v in component)
     return False
+
+
+def output_pieces(output: Any, fmt: str = "anthropic") -> list[Piece]:
+    """A reply's pieces: the neutral rendering's texts (and images) without its
+    markers — the tokenizer as shipped may not have them."""
+    return [p for p in render_output(output, fmt) if p[0] != "marker"]
 
 
 class TemplateRenderer:
@@ -326,4 +351,4 @@ class TemplateRenderer:
         return out
 
     def render_output(self, output: Any, fmt: str = "anthropic") -> list[Piece]:
-        return render_output(output, fmt)
+        return output_pieces(output, fmt)

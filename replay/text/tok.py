@@ -99,7 +99,7 @@ class Tok:
             self.name = renderers.template_tokenizer_name(name, template.digest)
             self._renderer = None
             self.render_request = self._template_request
-            self.render_output = render_template.render_output
+            self.render_output = render_template.output_pieces
         else:
             self.render = renderers.check_render(render)
             self.name = renderers.tokenizer_name(name, self.render)
@@ -113,7 +113,8 @@ class Tok:
         self._proc: encoder.EncoderProcess | None = None
         if not in_process:
             try:
-                self._proc = encoder.EncoderProcess(self.path, self.backend, fast_from_file)
+                self._proc = encoder.EncoderProcess(self.path, self.backend, fast_from_file,
+                                                    add_markers=template is None)
             except OSError as exc:  # pragma: no cover - no way to start a child here
                 print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
         self._engine: engine.Engine | None = None
@@ -134,7 +135,8 @@ class Tok:
             except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception
                 raise encoder.TokenizerUnusable(
                     f"{encoder.LOAD_FAILED} {self.path}: {type(exc).__name__}: {exc}") from None
-            self._local = (tk, prepare_tokenizer(tk, self.name))
+            # a chat template's text is encoded by the tokenizer as shipped: no marker added
+            self._local = (tk, prepare_tokenizer(tk, self.name, add_markers=self.template is None))
         return self._local
 
     def _from_process(self, call, default=None):

@@ -40,15 +40,20 @@ def sanitize(text: str) -> str:
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def prepare_tokenizer(tokenizer, name: str = "") -> dict:
+def prepare_tokenizer(tokenizer, name: str = "", add_markers: bool = True) -> dict:
     """Make every neutral-template marker a special token of ``tokenizer`` (a
     ``tokenizers.Tokenizer``, changed in place). Returns what callers need:
-    ``vocab_size`` (base vocabulary), ``marker_ids``, ``markers_added``."""
+    ``vocab_size`` (base vocabulary), ``marker_ids``, ``markers_added``.
+    ``add_markers=False`` (a chat template's tokens must be the tokenizer's as
+    shipped): nothing is added, and ``marker_ids`` names the markers it has."""
     from tokenizers import AddedToken
 
     vocab_size = int(tokenizer.get_vocab_size(with_added_tokens=False)) or 1
     added = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
     missing = [s for s in MARKERS.values() if s not in added]
+    if not add_markers:
+        ids = {m: int(tokenizer.token_to_id(s)) for m, s in {**SPECIALS, **MARKERS}.items() if s in added}
+        return {"vocab_size": vocab_size, "marker_ids": ids, "markers_added": False}
     if missing:
         tokenizer.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in missing])
     marker_ids = {}
