@@ -694,3 +694,32 @@ def test_cli_renders_with_a_template_and_retokenizes_on_a_change(tmp_path):
                                     "--chat-template", str(DATED)])
     assert bad.exit_code == 2, bad.output
     assert "--chat-template" in bad.output
+
+
+# --------------------------------------------------------------------------- line chunks
+
+def _awkward_lines(r: random.Random, n: int) -> str:
+    """Lines that start with every kind of whitespace, digits, CJK, punctuation."""
+    starts = ["", " ", "  ", "\t", " \t ", "\u00a0", "\u3000", "\u2003 ", "\r", "\n", "\x0b", "\x0c"]
+    bodies = ["def f(x):", "return 12345678", "日本語のテキスト", "---", "    indented()", "<｜User｜>", "}", "",
+              "a\u200bb", "100% ok", "\u00e9t\u00e9", "##", "   ", "x = [1, 2, 3]  # trailing   "]
+    ends = ["\n", "\r\n", "\n\n", " \n", "\t\n", "\u2028", "\n\u00a0\n"]
+    return "".join(r.choice(starts) + r.choice(bodies) + r.choice(ends) for _ in range(n))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_line_chunks_equal_the_whole_text(seed):
+    """Long texts between added tokens are also cut into line chunks (the known
+    pre-tokenizer never joins across a line start); the chunks' ids, concatenated,
+    are the whole text's."""
+    r = random.Random(seed)
+    tok = shared_tok(None, DATED)
+    body = {"system": _awkward_lines(r, 400),
+            "messages": [{"role": "user", "content": _awkward_lines(r, 300)},
+                         {"role": "assistant", "content": _awkward_lines(r, 50)},
+                         {"role": "user", "content": "short"}]}
+    pieces = tok.render_request(body, "anthropic", 1_700_000_000_000_000)
+    text = "".join(p[1] for p in pieces)
+    assert len(pieces) > 12  # cut within the long texts, not only at added tokens
+    got = [t for p in pieces for t in tok.encode(p[1])]
+    assert got == reference(tok.path).encode(text, add_special_tokens=False).ids

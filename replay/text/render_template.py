@@ -30,7 +30,16 @@ where it sits in the whole text: a ``Metaspace`` pre-tokenizer that prefixes
 only the text's first word (``prepend_scheme: first``). Such a tokenizer, or one
 with no added token to cut at, encodes each request's whole text as one
 segment (slower, still exact). A template that puts no added token between
-messages gives one piece per request the same way. The tokenize stage checks
+messages gives one piece per request the same way.
+
+A template may write long texts with no added token inside (DeepSeek-V3.1's
+writes the system prompt and every tool definition in one run): with the
+known pre-tokenizer (DeepSeek-V3/V4's, ``tokenizer_json.KNOWN_PRE_TOKENIZER``,
+no normalizer, no added token holding a line break) such a text is also cut
+after a line break followed by spaces/tabs and a character no definition
+counts as whitespace — the pre-tokenizer's matches never reach across that
+point — at content-defined places (a hash of the 24 characters before the cut
+picks one line end in eight), so a changed line costs its chunk, not the run. The tokenize stage checks
 the argument on one request of every chunk (``tokenize.check_cuts``) and stops
 with a clear error if a tokenizer breaks it; ``REPLAY_TEMPLATE_WHOLE_TEXT=1``
 turns the cutting off.
@@ -55,6 +64,7 @@ import hashlib
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,9 +72,17 @@ from typing import Any
 
 from replay.text.render import Piece, render_output
 from replay.text.template_messages import template_messages
+from replay.text.tokenizer_json import _known
 
 #: bumped whenever the mapping of bodies or the rendering changes what a template sees
 MAPPING_VERSION = "1"
+#: a text between added tokens this long or longer is also cut into line chunks
+LINE_CHUNK_FROM = 2_048
+#: a line chunk is cut once this long whatever its content
+LINE_CHUNK_MAX = 16_384
+# After a line break, spaces/tabs, then a character that is not whitespace in any
+# definition: the known pre-tokenizer never joins text across it (``_line_chunks``)
+_LINE_CUT = re.compile(r"[\r\n](?=[ \t]*[!-~\w])")
 #: set to 1: never cut the rendered text (each request's whole text is one segment)
 WHOLE_TEXT_ENV = "REPLAY_TEMPLATE_WHOLE_TEXT"
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -265,6 +283,8 @@ class Splitter:
         # normalized ones in the text left between those (two passes, each leftmost longest)
         self._re = _alternation({a["content"] for a in added if a.get("content") and not a.get("normalized")})
         self._re_normalized = _alternation({a["content"] for a in added if a.get("content") and a.get("normalized")})
+        # the pre-tokenizer the line argument holds for (``_line_chunks``)
+        self.lines = _known(pre_tokenizer, normalizer, [a.get("content") or "" for a in added])
 
     @classmethod
     def of_file(cls, tokenizer_json: str | Path) -> "Splitter":
@@ -288,21 +308,60 @@ class Splitter:
             pos = e
         out: list[tuple[int, int]] = []
         pos = 0
+        between = self._between if self.lines else _one
         for s, e in matches:
             if text[s:e] not in self.cut_at:
                 continue
             if s > pos:
-                out.append((pos, s))
+                between(text, pos, s, out)
             out.append((s, e))
             pos = e
         if pos < len(text):
-            out.append((pos, len(text)))
+            between(text, pos, len(text), out)
         return out
+
+    @staticmethod
+    def _between(text: str, start: int, end: int, out: list) -> None:
+        """The text between two added tokens, in line chunks (``_line_chunks``)."""
+        if end - start < LINE_CHUNK_FROM:
+            out.append((start, end))
+            return
+        at = start
+        for m in _LINE_CUT.finditer(text, start, end):
+            p = m.end()
+            if p - at >= LINE_CHUNK_MAX or zlib.crc32(text[p - 24:p].encode("utf-8", "surrogatepass")) & 7 == 0:
+                out.append((at, p))
+                at = p
+        out.append((at, end))
+
+
+def _one(text: str, start: int, end: int, out: list) -> None:
+    out.append((start, end))
 
 
 def _alternation(contents: set[str]):
-    """A regex matching any of ``contents``, longest first (so leftmost longest), or None."""
-    return re.compile("|".join(map(re.escape, sorted(contents, key=len, reverse=True)))) if contents else None
+    """A regex matching any of ``contents``, the longest at a position first (so
+    leftmost longest), or None. Written as a trie of the strings: a thousand
+    added tokens sharing ``<｜`` are tried in one pass, not one by one."""
+    contents = {c for c in contents if c}
+    return re.compile(_trie_pattern(sorted(contents))) if contents else None
+
+
+def _trie_pattern(words: list[str]) -> str:
+    """A regex for ``words`` (sorted, distinct, none empty) that prefers longer matches."""
+    groups: dict[str, list[str]] = {}
+    for w in words:
+        groups.setdefault(w[0], []).append(w[1:])
+    alts = []
+    for first, rests in groups.items():
+        longer = [r for r in rests if r]
+        if not longer:
+            alts.append(re.escape(first))
+            continue
+        inner = _trie_pattern(longer)
+        # a word may end here too: try the longer ones first (a greedy optional group)
+        alts.append(re.escape(first) + (f"(?:{inner})?" if "" in rests else f"(?:{inner})"))
+    return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
 
 
 def _spans(rx, text: str, start: int, end: int) -> list[tuple[int, int]]:
