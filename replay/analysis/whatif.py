@@ -22,6 +22,16 @@ Normalizers (:data:`FIXES`), each a pure function ``body → body``:
                            prefix into an extra text block at the end of the last
                            message — after the last breakpoint, where a per-request
                            value belongs.
+
+Fixes of a chat template's rendering (``--chat-template``; refused on another
+tokenization; ``replay.text.template_fixes``), which change no body:
+
+``fixed-template-date``    every request rendered with the template's "now" pinned
+                           to the log's first request's timestamp (a template that
+                           prints a constant date);
+``keep-history-as-rendered``  every assistant message keeps the rendering it had
+                           when it was the newest message (a template that never
+                           drops earlier turns' reasoning or re-serializes them).
 """
 
 from __future__ import annotations
@@ -44,10 +54,12 @@ from replay.providers.auto import parses_json
 from replay.store import db
 from replay.store.jsontext import dumps
 from replay.text.render import tool_name
+from replay.text.renderers import TEMPLATE, render_of
+from replay.text.template_fixes import TEMPLATE_FIXES, fixed_tok
 from replay.text.tok import Tok
 from replay.text.tokenize import tokenize_stage
 
-__all__ = ["FIXES", "normalize_body", "normalized_copy", "ceiling", "whatif", "format_whatif",
+__all__ = ["FIXES", "TEMPLATE_FIXES", "normalize_body", "normalized_copy", "ceiling", "whatif", "format_whatif",
            "parse_fix"]
 
 FIXES = ("strip-rotating-header", "sort-tools", "canonical-json", "bucket-timestamps=5m",
@@ -221,7 +233,10 @@ def parse_fix(name: str) -> Callable[[dict], dict]:
         return lambda body: bucket_timestamps(body, b)
     if base == "move-volatile-after-breakpoint":
         return move_volatile_after_breakpoint
-    raise ValueError(f"unknown fix {name!r}; choose from {', '.join(FIXES)}")
+    if base in TEMPLATE_FIXES:
+        raise ValueError(f"{base} fixes a chat template's rendering, not the bodies: give it to whatif "
+                         "(with --chat-template)")
+    raise ValueError(f"unknown fix {name!r}; choose from {', '.join(FIXES + TEMPLATE_FIXES)}")
 
 
 def normalize_body(body: dict, fixes) -> dict:
@@ -247,9 +262,36 @@ def _tokenizer(name=None) -> Tok:
     return _TOK_CACHE[key]
 
 
+def _split_fixes(fixes) -> tuple[list, list[str]]:
+    """(body fixes, rendering fixes: names of ``TEMPLATE_FIXES``)."""
+    body, render = [], []
+    for f in fixes:
+        if isinstance(f, str) and f.strip().partition("=")[0] in TEMPLATE_FIXES:
+            render.append(f.strip().partition("=")[0])
+        else:
+            body.append(f)
+    return body, render
+
+
+def check_template_tokenizer(con, tok: Tok) -> None:
+    """Refuse (ValueError) to re-render a chat template tokenization without its template."""
+    used = db.get_meta(con, "tokenizer")
+    if render_of(used) == TEMPLATE and getattr(tok, "template", None) is None:
+        raise ValueError(f"the prompts were tokenized under a chat template ({used}): pass the template "
+                         "(--chat-template) so the bodies are rendered as they were")
+
+
 def normalized_copy(con, fixes, tokenizer=None):
     """A fresh in-memory database holding ``requests`` with normalized bodies,
-    tokenized (known segments copied across, so only changed text is tokenized)."""
+    tokenized (known segments copied across, so only changed text is tokenized).
+    ``fixes`` may hold rendering fixes (``TEMPLATE_FIXES``): the copy is then
+    tokenized with the template's rendering so fixed."""
+    return _copy(con, fixes, tokenizer)[0]
+
+
+def _copy(con, fixes, tokenizer=None):
+    """``normalized_copy`` and the ``Tok`` that tokenized it."""
+    fixes, render_fixes = _split_fixes(fixes)
     fns = [parse_fix(f) if isinstance(f, str) else f for f in fixes]
     out = db.connect(None)
     # bodies inline in the copy (however the original stored them), normalized below
@@ -275,12 +317,24 @@ def normalized_copy(con, fixes, tokenizer=None):
     # by name: columns added by a migration sit in another place in an older file
     out.execute("INSERT INTO requests BY NAME SELECT * FROM _replay_copy")
     tok = _tokenizer(tokenizer)
-    if db.get_meta(con, "tokenizer") == tok.name:
+    if render_fixes:
+        ts = req.column("ts_us").to_pylist()
+        first = min((t for t in ts if t is not None), default=None)
+        order = []
+        if "keep-history-as-rendered" in render_fixes:
+            fmts, rids = req.column("format").to_pylist(), req.column("request_id").to_pylist()
+            for t, rid, b, fmt in zip(ts, rids, new, fmts):
+                try:
+                    order.append((t, rid, json.loads(b) if b is not None else None, fmt))
+                except ValueError:
+                    continue
+        tok = fixed_tok(tok, render_fixes, first, order)
+    if db.get_meta(con, "tokenizer") in (tok.name, getattr(tok, "same_segments_as", None)):
         _replay_segs = db.arrow(con, "SELECT seg_id, n_tokens, tokens FROM segments")  # noqa: F841
         out.execute("INSERT INTO segments SELECT * FROM _replay_segs")
         db.set_meta(out, "tokenizer", tok.name)
     tokenize_stage(out, tok)
-    return out
+    return out, tok
 
 
 def ceiling(con, ttl: float = 300, block: int = 16, min_prefix: int = 0, stream: str = "tenant",
@@ -321,10 +375,17 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
     """
     ttl = parse_ttl(ttl)
     fixes = [f.strip() for f in fixes if f and f.strip()]
-    for f in fixes:
+    body_fixes, render_fixes = _split_fixes(fixes)
+    for f in body_fixes:
         parse_fix(f)  # validate names early
     if not fixes:
         raise ValueError("no fix given")
+    if render_fixes or render_of(db.get_meta(con, "tokenizer")) == TEMPLATE:
+        tokenizer = _tokenizer(tokenizer)
+        check_template_tokenizer(con, tokenizer)
+        if render_fixes and tokenizer.template is None:
+            raise ValueError(f"{', '.join(render_fixes)}: these fixes change how a chat template renders the "
+                             "bodies; the prompts are not tokenized under one (give --chat-template)")
     base_fixes: list[str] = []
     if parses_json(con, profile):
         base_fixes = ["canonical-json"]  # a hosted API parses the JSON: key order cannot miss there
@@ -334,8 +395,8 @@ def whatif(con, fixes, ttl: float | str = 300, block: int = 16, min_prefix: int 
         before["money"] = _money(before, prices)
 
     def run(names: list[str], label: str) -> dict:
-        c2 = normalized_copy(con, base_fixes + names, tokenizer)
-        after = _ceiling(c2, ttl, block, min_prefix, stream, tokenizer)
+        c2, tok2 = _copy(con, base_fixes + names, tokenizer)
+        after = _ceiling(c2, ttl, block, min_prefix, stream, tok2)
         c2.close()
         out = {"fix": label, "after": after,
                "gain_hit_ratio": after["hit_ratio"] - before["hit_ratio"],

@@ -51,7 +51,8 @@ def diagnose(logs, db_path, fmt, fields, time_unit, tokenizer, ttl, block, min_p
 @one_config
 @click.option("--fix", "fixes", required=True,
               help="Normalizers, comma-separated: strip-rotating-header, sort-tools, canonical-json, "
-                   "bucket-timestamps=5m, move-volatile-after-breakpoint (or 'all').")
+                   "bucket-timestamps=5m, move-volatile-after-breakpoint; with --chat-template also "
+                   "fixed-template-date, keep-history-as-rendered (or 'all').")
 @click.option("--prices", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A TOML price table overriding the shipped defaults (replay/providers/prices.toml).")
 @click.option("--price-model", default=None,
@@ -65,6 +66,9 @@ def whatif(logs, db_path, fmt, fields, time_unit, tokenizer, ttl, block, min_pre
     names = [f.strip() for f in fixes.split(",") if f.strip()]
     if names == ["all"]:
         names = list(api.FIXES)
+        if getattr(tokenizer, "template", None) is not None:  # (a TokenizerSpec with --chat-template)
+            from replay.analysis.whatif import TEMPLATE_FIXES
+            names += list(TEMPLATE_FIXES)
     try:
         model = price_model or api.logged_price_model(con, prices)
         price = api.get_price(model, prices) if model else None

@@ -110,7 +110,7 @@ def _html_option(f):
 
 def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer=None):
     """Sections the analyses contribute to the report (``kv``: what ``kv_model`` returns)."""
-    return [lambda con, out: api.why_miss_section(con, out),
+    return [lambda con, out: api.why_miss_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.origin_section(con, out, g),
             lambda con, out: api.memory_section(con, out, g, kv[0], kv[1], tokenizer=tokenizer),
             lambda con, out: api.duplicates_section(con, out, tokenizer=tokenizer),

@@ -46,7 +46,20 @@ the request bodies (never on any ground-truth file):
                      OpenAI ``user``, or a mapped field; else the tenant);
 ``history_rewrite``  an earlier message of the conversation was edited,
                      truncated or summarised;
+``template_date``    (chat template tokenizations only, checked before the rules
+                     above) a date/time the template prints changed: rendering
+                     this request at ``c``'s time agrees with ``c`` beyond the
+                     divergence, the logged system, tools and messages being equal
+                     up to it;
+``template_history_rewrite`` (idem) the template rendered the same logged history
+                     differently (e.g. dropped earlier turns' reasoning): the
+                     divergence falls in a message whose logged JSON, and all
+                     before it, are identical in both bodies — not because of the time;
 ``other``            anything else before the new content.
+
+Under a chat template (``--chat-template``) the bodies are rendered with that
+template at each request's own time, so the command needs the template the
+prompts were tokenized with (refused without it).
 
 A divergence is *not* premature (its tokens are ``new_content``) when ``c``
 held nothing of this request beyond the divergence point, when the two

@@ -122,6 +122,34 @@ def line_causes(a: str, b: str, same_user: bool, is_message: bool) -> set[str]:
     return out
 
 
+def tools_cause(tr: list, tc: list, j: int) -> str | None:
+    """Cause of a divergence in the tool definitions ``tr`` (this request) against
+    ``tc`` (the earlier), ``j`` the tool it falls in; None: another tool set
+    altogether (another application: new content)."""
+    nr, nc = [tool_name(t) for t in tr], [tool_name(t) for t in tc]
+    if nr != nc and sorted(map(str, nr)) == sorted(map(str, nc)):
+        return "tool_order"
+    if 0 <= j < min(len(tr), len(tc)) and nr[j] == nc[j] and nr[j] is not None:
+        if _strip_cc(tr[j]) == _strip_cc(tc[j]):
+            return "json_key_order"
+        return "tool_schema_change"
+    common = set(map(str, nr)) & set(map(str, nc))
+    if len(common) * 2 < max(len(nr), len(nc), 1):
+        return None
+    return "other"
+
+
+def first_changed_tool(tr: list, tc: list) -> int | None:
+    """Index of the first tool definition that differs as logged (key order
+    counts; ``cache_control`` does not), or None when the lists are the same."""
+    for j in range(max(len(tr), len(tc))):
+        a = json.dumps(_strip_cc(tr[j]), ensure_ascii=False) if j < len(tr) else None
+        b = json.dumps(_strip_cc(tc[j]), ensure_ascii=False) if j < len(tc) else None
+        if a != b:
+            return j
+    return None
+
+
 def classify_pieces(pieces_r: list, pieces_c: list, i: int, body_r: dict, body_c: dict,
                     same_user: bool, msg_kind: str) -> tuple[str | None, dict]:
     """Cause of the divergence at piece ``i`` (None: not premature — new content).
@@ -138,20 +166,10 @@ def classify_pieces(pieces_r: list, pieces_c: list, i: int, body_r: dict, body_c
         tc = [t for t in (body_c.get("tools") or [])]
         # index of the tool the divergence falls in
         j = sum(1 for p in pieces_r[:i + 1] if p[0] == "marker" and p[1] == "tool_def") - 1
-        nr, nc = [tool_name(t) for t in tr], [tool_name(t) for t in tc]
         info = {"tool_index": j, "char_offset": 0}
         if pr[0] == "text" and pc[0] == "text":
             info["char_offset"] = _common_prefix(pr[1], pc[1])
-        if nr != nc and sorted(map(str, nr)) == sorted(map(str, nc)):
-            return "tool_order", info
-        if 0 <= j < min(len(tr), len(tc)) and nr[j] == nc[j] and nr[j] is not None:
-            if _strip_cc(tr[j]) == _strip_cc(tc[j]):
-                return "json_key_order", info
-            return "tool_schema_change", info
-        common = set(map(str, nr)) & set(map(str, nc))
-        if len(common) * 2 < max(len(nr), len(nc), 1):
-            return None, info  # another tool set altogether: another application
-        return "other", info
+        return tools_cause(tr, tc, j), info
     if pr[0] != "text" or pc[0] != "text":
         # structure differs (an extra block, a marker against text)
         if msg_kind == "message":

@@ -27,6 +27,7 @@ class SegRequest:
     msgs: list = field(default_factory=list)   # (start idx, end idx, is_system, key tuple)
     conv: set = field(default_factory=set)     # keys of non-system messages
     gen_start: int = 0         # index of the first segment of the generation-marker part
+    tenant: str | None = None  # (the previous request of the same tenant is a candidate too)
 
 
 def build_request(rid, ts, session, user, stream, segs, parts, ntok, sys_marker) -> SegRequest:
@@ -56,6 +57,10 @@ def build_request(rid, ts, session, user, stream, segs, parts, ntok, sys_marker)
             r.msgs.append((s, e, is_sys, key))
             if not is_sys:
                 r.conv.add(key)
+        if r.msgs and not r.msgs[-1][2] and len(r.msgs[-1][3]) > 1 and r.gen_start == len(segs):
+            # a chat template writes the generation prompt into the last message's part:
+            # the message without it is held too
+            r.conv.add(r.msgs[-1][3][:-1])
     return r
 
 
@@ -96,7 +101,7 @@ class CandidateIndex:
         k = self._longest(mh, self.msgpre)
         if k:
             out.append(self.msgpre[mh[k - 1]])
-        for kind, val in (("session", r.session), ("user", r.user), ("stream", r.stream)):
+        for kind, val in (("session", r.session), ("user", r.user), ("stream", r.stream), ("tenant", r.tenant)):
             if val is not None and (kind, val) in self.last:
                 out.append(self.last[(kind, val)])
         seen, uniq = set(), []
@@ -117,7 +122,7 @@ class CandidateIndex:
                     del lst[0]
         for h in mh:
             self.msgpre[h] = r.rid
-        for kind, val in (("session", r.session), ("user", r.user), ("stream", r.stream)):
+        for kind, val in (("session", r.session), ("user", r.user), ("stream", r.stream), ("tenant", r.tenant)):
             if val is not None:
                 self.last[(kind, val)] = r.rid
 

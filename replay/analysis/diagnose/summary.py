@@ -11,12 +11,14 @@ import polars as pl
 
 from replay.analysis.diagnose.agreement import agreement, agreement_lines
 from replay.analysis.diagnose.rules import shown
-from replay.analysis.diagnose.split import CAUSES, PARTS, STRUCTURAL, analyse, frame
-from replay.analysis.whatif import FIXES, normalized_copy, whatif
+from replay.analysis.diagnose.split import CAUSES, PARTS, STRUCTURAL, analyse, check_renderable, frame
+from replay.analysis.whatif import FIXES, TEMPLATE_FIXES, _tokenizer, normalized_copy, whatif
 from replay.core.streams import check_modes
 from replay.core.times import INF_US, format_ttl, parse_ttl
 from replay.prepare import prepare
 from replay.providers.auto import parses_json
+from replay.store import db
+from replay.text.renderers import TEMPLATE, render_of
 
 
 def miss_parts(con, ttl: float | str = 300, block: int = 16, min_prefix: int = 0,
@@ -43,12 +45,16 @@ def _miss_rows(con, ttl, block, min_prefix, stream, profile, tokenizer=None):
     if block < 1:
         raise ValueError("block must be ≥ 1")
     check_modes((stream,))
+    tok = None if tokenizer is None else _tokenizer(tokenizer)  # (one Tok, one encoder process)
+    if render_of(db.get_meta(con, "tokenizer")) == TEMPLATE and getattr(tok, "template", None) is None:
+        check_renderable(con, tok)  # tokenized under a chat template: refused without one
     work = con
     if parses_json(con, profile):
         # a hosted API parses the JSON before building the prompt: key order cannot miss there
-        work = normalized_copy(con, ["canonical-json"], tokenizer=tokenizer)
-    prepare(work, modes=(stream, "global"), horizon_us=INF_US, tokenizer=tokenizer)
-    rows, pending = analyse(work, stream, ttl, int(block), int(min_prefix))
+        work = normalized_copy(con, ["canonical-json"], tokenizer=tok)
+    prepare(work, modes=(stream, "global"), horizon_us=INF_US, tokenizer=tok)
+    rows, pending = analyse(work, stream, ttl, int(block), int(min_prefix),
+                            tok if getattr(tok, "template", None) is not None else None)
     return rows, (work, pending)
 
 
@@ -159,13 +165,13 @@ def format_text(result: dict, ttl=None) -> str:
     lines.append(f"prompt tokens {total:,}   hit {hit:,} ({100 * hit / total if total else 0:.1f} %)   "
                  f"new content {new:,} ({100 * new / total if total else 0:.1f} %)")
     lines.append("")
-    lines.append(f"{'cause':<20} {'requests':>9} {'tokens lost':>13} {'share':>7}")
+    lines.append(f"{'cause':<24} {'requests':>9} {'tokens lost':>13} {'share':>7}")
     for c in result["causes"]:
-        lines.append(f"{c['cause']:<20} {c['requests']:>9,} {c['tokens_lost']:>13,} "
+        lines.append(f"{c['cause']:<24} {c['requests']:>9,} {c['tokens_lost']:>13,} "
                      f"{100 * c['share_of_prompt_tokens']:>6.1f}%")
         if c["cause"] == "ttl_expired" and c.get("idle_gap_s"):
             g = c["idle_gap_s"]
-            lines.append(f"{'':<20} idle gaps: median {g['median']:.0f} s, p90 {g['p90']:.0f} s, "
+            lines.append(f"{'':<24} idle gaps: median {g['median']:.0f} s, p90 {g['p90']:.0f} s, "
                          f"max {g['max']:.0f} s")
     if result.get("provider_agreement"):
         lines += [""] + agreement_lines(result["provider_agreement"])
@@ -176,7 +182,7 @@ def format_text(result: dict, ttl=None) -> str:
             what = ""
             if "before" in e:
                 what = f": {e['before']} → {e['after']}"
-            lines.append(f"  {e['cause']:<18} request {e['request_id']} vs {e['compared_with']} "
+            lines.append(f"  {e['cause']:<24} request {e['request_id']} vs {e['compared_with']} "
                          f"in {e['where']} at char {e['char_offset']} "
                          f"({e['tokens_lost']:,} tokens){what}")
     return "\n".join(lines)
@@ -188,8 +194,10 @@ REPORT_WHATIF_MAX = 20_000
 
 
 def why_miss_section(con, out_dir=None, ttl: float = 300, block: int = 16, min_prefix: int = 0,
-                     stream: str = "tenant", fixes: tuple[str, ...] | None = None) -> str:
-    """Markdown for the report: causes ranked by tokens lost, and the ceiling after each fix."""
+                     stream: str = "tenant", fixes: tuple[str, ...] | None = None, tokenizer=None) -> str:
+    """Markdown for the report: causes ranked by tokens lost, and the ceiling after each fix
+    (``tokenizer``: the one the prompts were tokenized with; a chat template
+    tokenization also gets the template causes and fixes)."""
     n_requests = con.execute("SELECT count(*) FROM requests").fetchall()[0][0]
     if n_requests > REPORT_DIAGNOSE_MAX:
         # the diagnosis keeps every request's segment list in memory, and each what-if
@@ -197,7 +205,14 @@ def why_miss_section(con, out_dir=None, ttl: float = 300, block: int = 16, min_p
         return ("## Why requests miss\n\nNot computed in the report for a log of "
                 f"{n_requests:,} requests (over {REPORT_DIAGNOSE_MAX:,}): run `replay diagnose` and "
                 "`replay whatif --fix all` on it (or on a part of it) separately.\n")
-    res = diagnose(con, ttl=ttl, block=block, min_prefix=min_prefix, stream=stream, examples=2)
+    try:
+        res = diagnose(con, ttl=ttl, block=block, min_prefix=min_prefix, stream=stream, examples=2,
+                       tokenizer=tokenizer)
+    except ValueError as exc:  # e.g. a chat template tokenization and no template given
+        return f"## Why requests miss\n\nNot computed: {exc}.\n"
+    if fixes is None:
+        tok = None if tokenizer is None else _tokenizer(tokenizer)
+        fixes = FIXES + (TEMPLATE_FIXES if getattr(tok, "template", None) is not None else ())
     total = sum(s["prompt_tokens"] for s in res["by_stream"])
     hit = sum(s["hit"] for s in res["by_stream"])
     new = sum(s["new_content"] for s in res["by_stream"])
@@ -224,7 +239,8 @@ def why_miss_section(con, out_dir=None, ttl: float = 300, block: int = 16, min_p
                       f"{REPORT_WHATIF_MAX:,} requests: `replay whatif --fix all`.)"]
         return "\n".join(lines) + "\n"
     try:
-        w = whatif(con, list(fixes or FIXES), ttl=ttl, block=block, min_prefix=min_prefix, stream=stream)
+        w = whatif(con, list(fixes or FIXES), ttl=ttl, block=block, min_prefix=min_prefix, stream=stream,
+                   tokenizer=tokenizer)
     except Exception as exc:  # noqa: BLE001 - the section still reports the diagnosis
         lines += ["", f"(what-if not computed: {type(exc).__name__})"]
         return "\n".join(lines) + "\n"
