@@ -11,6 +11,8 @@ re-running a job neither repeats work nor double-counts.
 
 from __future__ import annotations
 
+from contextlib import nullcontext as _nullcontext
+
 import polars as pl
 
 from replay.analysis.capacity import CapacityGrid, capacity  # noqa: F401
@@ -34,6 +36,8 @@ from replay.analysis.whatif import FIXES, format_whatif, whatif  # noqa: F401
 from replay.core.grid import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREAMS, DEFAULT_TTLS, Grid  # noqa: F401
 from replay.core.streams import MODES  # noqa: F401
 from replay.core.sweep import sweep as _sweep
+from replay.distributed import ENGINES, DistributedReplayFailed, EngineUnavailable  # noqa: F401
+from replay.distributed import engine_context as replay_engine
 from replay.core.times import format_ttl, parse_ttl  # noqa: F401
 from replay.core.warmup import describe as describe_warmup, parse_warmup  # noqa: F401
 from replay.prepare import as_tokenizer, prepare
@@ -56,7 +60,8 @@ from replay.text.tokenize import tokenize_stage
 from replay.validate.check import store_result, summary_lines, validate, validation_section  # noqa: F401
 
 __all__ = ["open_db", "remove_db", "ingest", "load_tokenizer", "tokenize", "prepare", "sweep", "profile_sweep",
-           "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif", "write_report",
+           "replay_engine", "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif",
+           "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
            "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
            "near_duplicates", "trend", "trend_section", "top_prefixes", "prefixes_section",
@@ -78,19 +83,24 @@ def tokenize(con, tokenizer=None, progress=False):
     return tokenize_stage(con, as_tokenizer(tokenizer), progress=progress)
 
 
-def sweep(con, grid: Grid | None = None, by_stream=False, tokenizer=None, progress=False) -> pl.DataFrame:
-    """The ideal-contract sweep over ``grid``, preparing its walks first."""
+def sweep(con, grid: Grid | None = None, by_stream=False, tokenizer=None, progress=False,
+          engine=None, address=None) -> pl.DataFrame:
+    """The ideal-contract sweep over ``grid``, preparing its walks first (on
+    ``engine``: ``"local"``, ``"ray"`` with an optional cluster ``address``, or
+    None — the enclosing :func:`replay_engine`'s)."""
     grid = grid or Grid()
-    prepare(con, modes=grid.streams, horizon_us=grid.horizon_us, tokenizer=tokenizer, progress=progress)
+    prepare(con, modes=grid.streams, horizon_us=grid.horizon_us, tokenizer=tokenizer, progress=progress,
+            engine=engine, address=address)
     return _sweep(con, grid, by_stream=by_stream)
 
 
 def profile_sweep(con, profiles, grid: Grid | None = None, by_stream=False, tokenizer=None,
-                  progress=False) -> pl.DataFrame:
+                  progress=False, engine=None, address=None) -> pl.DataFrame:
     """Sweep under provider/engine profiles (``replay.providers.profiles``), with realised usage columns."""
     grid = grid or Grid()
-    return _profiles.profile_sweep(con, list(profiles), grid, by_stream=by_stream, tokenizer=tokenizer,
-                                   progress=progress)
+    with replay_engine(engine, address) if engine is not None else _nullcontext():
+        return _profiles.profile_sweep(con, list(profiles), grid, by_stream=by_stream, tokenizer=tokenizer,
+                                       progress=progress)
 
 
 def requests_count(con) -> int:

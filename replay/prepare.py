@@ -11,6 +11,7 @@ stale or short (the readers refuse them too).
 
 from __future__ import annotations
 
+from replay import distributed
 from replay.core.replay import replay_stage
 from replay.core.streams import MODES, VARIANTS, check_modes
 from replay.core.times import INF_US
@@ -39,13 +40,19 @@ def decoding_tokenizer(con, tokenizer) -> Tok:
 
 
 def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
-            tokenizer=None, progress: bool = False) -> dict:
+            tokenizer=None, progress: bool = False, engine=None, address: str | None = None) -> dict:
     """Make sure prompts are tokenized and the walks of every (variant, mode) are
     current for ``horizon_us`` (exact for every TTL up to it). ``tokenizer``: a
     ``Tok``, a directory, a ``TokenizerSpec`` (directory and rendering:
     ``--render``; the rendering is part of the tokenizer's name, so a change of
     either re-tokenizes), or None (what the database holds). Returns what ran
-    (``tokenize``, ``replay``: the stages' summaries)."""
+    (``tokenize``, ``replay``: the stages' summaries).
+
+    ``engine`` computes the walk sets found stale (``replay.distributed``):
+    None — the enclosing ``engine_context``'s, else this process; ``"local"``;
+    ``"ray"`` (with ``address``: that cluster's, else a local cluster started
+    for this call and shut down after it); or an engine object. The engine
+    changes how the rows are computed, never which sets are current."""
     modes = check_modes(modes)
     bad = [v for v in variants if v not in VARIANTS]
     if bad:
@@ -58,19 +65,21 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
         # the encoder's late checks run beside the replay; its rows are trusted only after them
         done["tokenize"] = tokenize_stage(con, tok, progress=progress, check=False)
         failpoint("prepare.tokens_unchecked")
-    todo = walksets.stale(con, keys, horizon_us)
-    if todo:
-        done["replay"] = _replay(con, todo, horizon_us, progress)
-        failpoint("prepare.replayed")
-    if "tokenize" in done and not confirm_tokens(con, tok):
-        done["tokenize"] = tokenize_stage(con, tok.exact(), progress=progress)
-        done["replay"] = _replay(con, keys, horizon_us, progress)
+    with distributed.using(engine, address) as eng:
+        todo = walksets.stale(con, keys, horizon_us)
+        if todo:
+            done["replay"] = _replay(con, todo, horizon_us, progress, eng)
+            failpoint("prepare.replayed")
+        if "tokenize" in done and not confirm_tokens(con, tok):
+            done["tokenize"] = tokenize_stage(con, tok.exact(), progress=progress)
+            done["replay"] = _replay(con, keys, horizon_us, progress, eng)
     return done
 
 
-def _replay(con, keys, horizon_us: int, progress: bool):
+def _replay(con, keys, horizon_us: int, progress: bool, engine=None):
     """One replay pass over the modes and variants of ``keys`` (a pass walks
     every mode of every variant it is given; sets it redoes are recorded anew)."""
     modes = tuple(m for m in MODES if any(k[1] == m for k in keys))
     variants = tuple(v for v in VARIANTS if any(k[0] == v for k in keys))
-    return replay_stage(con, modes=modes, variants=variants, horizon_us=horizon_us, progress=progress)
+    return replay_stage(con, modes=modes, variants=variants, horizon_us=horizon_us, progress=progress,
+                        engine=engine)

@@ -8,7 +8,7 @@ import click
 
 from replay import api
 from replay.cli.options import csv_values, db_option, ingest_options, kv_model, kv_options, load_logs, one_config
-from replay.cli.options import warmup_option
+from replay.cli.options import engine_options, on_engine, warmup_option
 
 
 @click.command("diagnose")
@@ -170,9 +170,10 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
               help="Tensor-parallel degree: adds capacity_bytes_per_gpu (a replica's bytes / TP).")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array, one object per configuration.")
 @warmup_option
+@engine_options
 def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacities, ttls, streams, replicas,
              routings, policies, seed, sample_rate, model, model_config, kv_bytes_per_token, kv_dtype, tp, as_json,
-             warmup):
+             warmup, engine, address):
     """How much memory and how many replicas: the hit ratio of a finite cache.
 
     \b
@@ -193,7 +194,10 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
         grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
                                 replicas=replicas, routings=routings, policies=policies, seed=seed,
                                 sample_rate=sample_rate, warmup=warmup)
-        df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json)
+        # (--engine: where walks are prepared; the finite-cache pass itself runs here — every
+        # stream shares the replica's pool, so it does not split into independent partitions)
+        with on_engine(engine, address):
+            df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     if tp > 1:

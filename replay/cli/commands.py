@@ -10,7 +10,7 @@ import click
 from replay import api
 from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_model, kv_options, load_logs,
                                 plain_name, print_table, profile_names, tokenizer_option)
-from replay.cli.options import warmup_option
+from replay.cli.options import engine_options, on_engine, warmup_option
 
 @click.command()
 @click.argument("logs", nargs=-1, required=True)
@@ -64,8 +64,9 @@ def tokenize(db_path, tokenizer):
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array of configurations.")
 @click.option("--parquet", type=click.Path(dir_okay=False), default=None, help="Also write the rows as Parquet.")
 @warmup_option
+@engine_options
 def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, profiles, by_stream,
-          as_json, parquet, warmup):
+          as_json, parquet, warmup, engine, address):
     """Hit-rate ceiling for every TTL × block × minimum prefix × stream mode.
 
     Given LOGS, they are ingested first (into --db); given none, the sweep
@@ -78,10 +79,11 @@ def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, 
                                  param_hint="--warmup")
     con = api.open_db(db_path)
     load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
-    if names:
-        df = api.profile_sweep(con, names, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
-    else:
-        df = api.sweep(con, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
+    with on_engine(engine, address):
+        if names:
+            df = api.profile_sweep(con, names, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
+        else:
+            df = api.sweep(con, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
     if parquet:
         df.write_parquet(parquet)
     if as_json:
@@ -134,8 +136,9 @@ def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer
 @kv_options
 @warmup_option
 @_html_option
+@engine_options
 def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, streams, name, out, fresh,
-        prices, price_model, warmup, html, **kv):
+        prices, price_model, warmup, html, engine, address, **kv):
     """The batch job: ingest → tokenize → replay → sweep → report.
 
     Without LOGS it runs on the shipped sample (data/sample). The report goes
@@ -156,9 +159,10 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     con = api.open_db(db_path)
     tok = api.load_tokenizer(tokenizer)  # its encoder process loads and works while ingest runs
     load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
-    path = api.write_report(con, Path(out) / name, g, title=f"Prefix-cache sizing — {name}",
-                            extra_sections=_extra_sections(g, prices, price_model, kv, tok), progress=True,
-                            tokenizer=tok, html=html)
+    with on_engine(engine, address):
+        path = api.write_report(con, Path(out) / name, g, title=f"Prefix-cache sizing — {name}",
+                                extra_sections=_extra_sections(g, prices, price_model, kv, tok), progress=True,
+                                tokenizer=tok, html=html)
     click.echo(f"report written to {path}" + (f" and {path.with_name('report.html')}" if html else ""))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -163,6 +164,30 @@ def _one_ttl(text: str) -> float:
         return api.parse_ttl(text)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--ttl") from None
+
+
+def engine_options(f):
+    """``--engine local|ray`` and ``--address``: where the replay computes the walks (run, sweep, capacity)."""
+    f = click.option("--address", default=None,
+                     help="With --engine ray: the Ray cluster to use (host:6379, ray://host:10001, or 'auto' for "
+                          "one running here). Default: a local cluster with every CPU, started for this command "
+                          "and stopped when it ends.")(f)
+    return click.option("--engine", type=click.Choice(list(api.ENGINES)), default="local", show_default=True,
+                        help="Where the replay runs: 'local' (this process) or 'ray' (partitioned into Ray tasks; "
+                             "needs the [ray] extra). The walks, and so every figure, are identical.")(f)
+
+
+@contextmanager
+def on_engine(engine: str, address: str | None):
+    """The command's body on ``engine`` (its Ray session, if any, ends with it); an
+    unavailable engine or a failed partition is a plain error, never a partial result."""
+    if address and engine != "ray":
+        raise click.UsageError("--address is for --engine ray")
+    try:
+        with api.replay_engine(engine, address):
+            yield
+    except (api.EngineUnavailable, api.DistributedReplayFailed) as e:
+        raise click.ClickException(str(e)) from None
 
 
 def warmup_option(f):

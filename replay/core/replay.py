@@ -196,9 +196,14 @@ def _prune_all(tries: dict, now: int) -> None:
 
 
 def replay_stage(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
-                 progress: bool = False) -> ReplaySummary:
+                 progress: bool = False, engine=None) -> ReplaySummary:
     """Recompute the `walks` of these (variant, mode) sets from `requests` +
     `prompts` and record them current (``walk_sets``) for ``horizon_us``.
+
+    ``engine`` (None: this process, one pass) computes the same rows elsewhere
+    (``replay.distributed``: ``engine.replay(con, modes, variants, horizon_us,
+    sink, bar)`` hands every row to ``sink`` and returns ``{"_nodes": ...}``, or
+    raises); the rows are stored and the sets recorded here either way.
 
     The walks are stored as they come (a part of the log at a time, so memory
     does not hold a week's rows); the sets are recorded only once the last part
@@ -215,9 +220,12 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_U
             from tqdm.auto import tqdm  # (imported only when shown)
 
             bar = tqdm(total=n, desc="replay", unit="req", leave=False)
-        result = replay_prompts(iter_prompts(con, with_output="prompt+output" in variants), modes, variants,
-                                horizon_us, bar, sink=lambda rows: _insert(con, rows),
-                                flush_every=WALKS_PER_INSERT)
+        if engine is None:
+            result = replay_prompts(iter_prompts(con, with_output="prompt+output" in variants), modes, variants,
+                                    horizon_us, bar, sink=lambda rows: _insert(con, rows),
+                                    flush_every=WALKS_PER_INSERT)
+        else:
+            result = engine.replay(con, modes, variants, horizon_us, lambda rows: _insert(con, rows), bar)
         if bar is not None:
             bar.close()
     finally:

@@ -1,0 +1,82 @@
+"""Where a walk set is computed: this process (the default, and the oracle) or Ray.
+
+An engine only changes *how* the walks of some (variant, mode) sets are
+computed (``replay.core.partition``: partitions exact on their own, merged into
+the single pass's rows); ``replay.prepare`` still decides which sets are stale,
+and ``replay.core.replay.replay_stage`` stores the rows and records the sets
+current only when every partition is in. Ray is an optional extra
+(``pip install 'prefix-replay[ray]'``) and is imported only when asked for.
+
+A command picks its engine once (:func:`engine_context`), so the several
+``prepare`` calls of a report share one Ray session, started on first need and
+shut down when the command ends — on error or Ctrl-C too.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib.util
+from contextlib import contextmanager
+
+ENGINES = ("local", "ray")
+
+_current: contextvars.ContextVar = contextvars.ContextVar("replay_engine", default=None)
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine asked for cannot run here (Ray not installed)."""
+
+
+class DistributedReplayFailed(RuntimeError):
+    """A partition of the replay failed on the engine (after its retries): no walk
+    set of that replay was recorded current."""
+
+
+def make(name: str, address: str | None = None, **options):
+    """The engine called ``name``: None for ``local``, a :class:`RayEngine` for ``ray``."""
+    if name in (None, "local"):
+        if address:
+            raise ValueError("--address is for --engine ray")
+        return None
+    if name != "ray":
+        raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
+    if importlib.util.find_spec("ray") is None:
+        raise EngineUnavailable("--engine ray needs Ray: pip install 'prefix-replay[ray]' (or 'ray>=2.9')")
+    from replay.distributed.ray_engine import RayEngine
+
+    return RayEngine(address=address, **options)
+
+
+def current():
+    """The engine of the enclosing :func:`engine_context` (None: this process)."""
+    return _current.get()
+
+
+@contextmanager
+def engine_context(name: str | None = "local", address: str | None = None, **options):
+    """Run the enclosed ``prepare`` calls on engine ``name``; its resources (a
+    local Ray cluster started for them) are released on leaving, however left."""
+    eng = make(name, address, **options)
+    token = _current.set(eng)
+    try:
+        yield eng
+    finally:
+        _current.reset(token)
+        if eng is not None:
+            eng.close()
+
+
+@contextmanager
+def using(engine=None, address: str | None = None):
+    """The engine a ``prepare`` call uses: ``engine`` None — the enclosing
+    context's (not closed here); a name — made for this call and closed after
+    it; an engine object — that one (its owner closes it)."""
+    if engine is None:
+        if address:
+            raise ValueError("an address needs an engine (engine='ray')")
+        yield current()
+    elif isinstance(engine, str):
+        with engine_context(engine, address) as eng:
+            yield eng
+    else:
+        yield engine

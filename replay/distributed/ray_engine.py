@@ -1,0 +1,185 @@
+"""The replay's partitions as Ray tasks (``--engine ray``).
+
+The driver reads the prompts from DuckDB (``iter_prompts``: the same prompts,
+in the same order, as the single pass), splits them into the tasks of
+``replay.core.partition.plan`` and ships each task *its prompts* as the task's
+argument (through Ray's object store). Why not request ids + Parquet on shared
+storage: the prompts are assembled in the driver from content-addressed
+segments and the conversation's previous prompt (the ``shared`` counts the
+partition plan adjusts), the DuckDB file is locked by the driver's connection,
+and a local or single-node cluster has no shared storage to speak of; shipping
+the arrays costs one serialization of the tokens, which the replay itself
+dwarfs. (A cluster reading logs from object storage would export each
+partition's prompts to Parquet instead; the tasks would not change.)
+
+Every task runs ``partition.run_task``; the driver turns each result into final
+rows (``partition.finish``: the global partitions spliced with the shallow
+task's rows) and hands them to ``sink`` as they come — ``replay_stage`` stores
+them with ``insert_walks`` and records the walk sets current only after the
+last one, so a failed run leaves them stale, never half-current.
+
+Failures: a worker that dies (killed, out of memory) is retried by Ray up to
+``max_retries`` times with the same argument; a task that still fails, or raises,
+stops the replay with :class:`DistributedReplayFailed` naming the partition,
+after cancelling the rest. The engine started for a command (no ``address``, and
+no Ray session open already) is shut down when the command ends, error and
+Ctrl-C included, so no worker outlives it; with ``address`` it connects to that
+cluster and disconnects at the end (the cluster keeps running; this job's
+workers go with the driver).
+
+Test hook: ``REPLAY_RAY_FAULT`` = ``exit-once:TASK:MARKER`` (the task's worker
+dies on its first attempt: ``os._exit`` unless MARKER exists, which it creates
+first), ``exit:TASK`` (dies on every attempt), ``raise:TASK`` (raises) or
+``sleep:TASK:SECONDS`` (time to interrupt the command), read in the driver
+and handed to the tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from replay.core import partition
+from replay.distributed import DistributedReplayFailed
+from replay.core.prompts import iter_prompts
+
+FAULT_ENV = "REPLAY_RAY_FAULT"
+DEFAULT_RETRIES = 3
+
+
+def _run(task: partition.Task, variants, horizon_us: int, fault: str | None):
+    if fault:
+        _inject(fault, task.name)
+    return partition.run_task(task, variants, horizon_us)
+
+
+def _inject(fault: str, name: str) -> None:
+    kind, _, rest = fault.partition(":")
+    target, _, marker = rest.partition(":")
+    if target != name:
+        return
+    if kind == "exit-once":
+        if os.path.exists(marker):
+            return
+        with open(marker, "w") as f:
+            f.write(name)
+        os._exit(1)
+    if kind == "exit":
+        os._exit(1)
+    if kind == "raise":
+        raise RuntimeError(f"injected failure in task {name}")
+    if kind == "sleep":  # (time to interrupt the command)
+        time.sleep(float(marker))
+
+
+class RayEngine:
+    """Partitioned replay on a Ray cluster (see the module docstring)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, partitions: int | None = None,
+                 depth: int = partition.DEFAULT_DEPTH, max_retries: int = DEFAULT_RETRIES):
+        self.address = address
+        self.num_cpus = num_cpus
+        self.partitions = partitions
+        self.depth = int(depth)
+        self.max_retries = int(max_retries)
+        self._owned = False
+        self._started = False
+
+    # ---- the session ------------------------------------------------------
+    def start(self):
+        import ray
+
+        if not self._started:
+            if ray.is_initialized():  # a session the caller opened (a notebook, the tests): theirs to close
+                self._owned = False
+            else:
+                opts = {"include_dashboard": False, "log_to_driver": False}
+                if self.address:
+                    ray.init(address=self.address, **opts)
+                else:
+                    ray.init(num_cpus=self.num_cpus, **opts)
+                self._owned = True
+            self._started = True
+        return ray
+
+    def close(self) -> None:
+        if self._started and self._owned:
+            import ray
+
+            ray.shutdown()
+        self._started = self._owned = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- the replay -------------------------------------------------------
+    def replay(self, con, modes, variants, horizon_us: int, sink, progress=None) -> dict:
+        """Replay ``modes`` × ``variants`` partition by partition on Ray; every
+        final row goes to ``sink`` (a dict (variant, mode) → rows); returns
+        ``{"_nodes": ...}`` like ``replay_prompts`` with a sink."""
+        ray = self.start()
+        parts = self.partitions or max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        plan = partition.plan(iter_prompts(con, with_output="prompt+output" in variants), modes, parts,
+                              self.depth)
+        fault = os.environ.get(FAULT_ENV) or None
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(_run)
+        variants = tuple(variants)
+        pending = {}
+        for t in plan.tasks:
+            ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), fault)
+            pending[ref] = t
+            t.prompts = []  # (shipped: the driver need not hold them any more)
+        shallow_name = f"global/{partition.SHALLOW}"
+        shallow = None
+        waiting: list = []  # global partitions done before the shallow task
+        nodes: dict[str, int] = {}
+        first = (variants[0], modes[0])
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                ref = done[0]
+                task = pending.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    how = ("raised" if isinstance(e, ray.exceptions.RayTaskError) else
+                           f"failed ({type(e).__name__}) after {self.max_retries} retries")
+                    raise DistributedReplayFailed(
+                        f"replay partition {task.name} {how} on Ray: {_first_line(e).rstrip('.')}. "
+                        "No walk set was recorded current; run the command again, or with --engine local") from None
+                for k, n in result.pop("_nodes").items():
+                    nodes[k] = nodes.get(k, 0) + n
+                if task.name == shallow_name:
+                    shallow = partition.shallow_rows(result)
+                    ready, waiting = waiting, []
+                elif task.mode == "global" and shallow is None:
+                    waiting.append((task, result))
+                    continue
+                else:
+                    ready = [(task, result)]
+                for t, res in ready:
+                    rows = partition.finish(plan, t, res, shallow)
+                    if rows:
+                        sink(rows)
+                        if progress is not None and first in rows:
+                            progress.update(len(rows[first]))
+        except BaseException:
+            for ref in pending:  # (Ctrl-C or a failed partition: stop the rest now)
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - already finished or gone
+                    pass
+            raise
+        return {"_nodes": nodes}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    tail = [line for line in text if line.strip()]
+    return (tail[-1] if tail else type(e).__name__)[:300]
+

@@ -1,0 +1,189 @@
+"""``--engine ray``: the partitioned replay on a local Ray cluster gives the local rows.
+
+One Ray cluster (2 CPUs) serves the whole module; an engine finding a session
+open uses it and leaves it open. Skipped where Ray is not installed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ray = pytest.importorskip("ray")
+
+from replay import api  # noqa: E402
+from replay.cli.main import main  # noqa: E402
+from replay.core.grid import Grid  # noqa: E402
+from replay.core.streams import MODES, VARIANTS  # noqa: E402
+from replay.core.times import INF_US  # noqa: E402
+from replay.distributed import DistributedReplayFailed  # noqa: E402
+from replay.distributed.ray_engine import FAULT_ENV, RayEngine  # noqa: E402
+from replay.store import walksets  # noqa: E402
+
+SAMPLE = "data/sample"
+ROWS = """SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths, origins
+          FROM walks ORDER BY variant, mode, request_id"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _db(path, logs):
+    con = api.open_db(path)
+    api.ingest(con, logs)
+    api.prepare(con, modes=())  # tokenized
+    return con
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    con = _db(tmp_path_factory.mktemp("ray") / "s.duckdb", [SAMPLE])
+    yield con
+    con.close()
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    from replay.synth.generator import generate
+
+    base = tmp_path_factory.mktemp("raygen")
+    logs = generate(base / "logs", seed=5, scale=0.1)
+    con = _db(base / "g.duckdb", [str(next(iter(logs.files.values())).parent)])
+    yield con
+    con.close()
+
+
+def _rows(con, engine, horizon_us=INF_US, modes=MODES, variants=VARIANTS):
+    keys = [(v, m) for v in variants for m in modes]
+    walksets.forget(con, keys)
+    api.prepare(con, modes=modes, variants=variants, horizon_us=horizon_us, engine=engine)
+    assert not walksets.stale(con, keys, horizon_us)
+    return con.execute(ROWS).fetchall()
+
+
+@pytest.mark.parametrize("horizon_us", [INF_US, 300_000_000])
+@pytest.mark.parametrize("data", ["sample", "generated"])
+def test_ray_rows_equal_local_rows(request, data, horizon_us):
+    con = request.getfixturevalue(data)
+    want = _rows(con, "local", horizon_us)
+    assert want
+    got = _rows(con, RayEngine(partitions=3, depth=8), horizon_us)
+    assert got == want
+    got = _rows(con, RayEngine(depth=1), horizon_us)  # (default partitions: 2 per CPU)
+    assert got == want
+
+
+def test_cli_sweep_and_capacity_on_ray_equal_local(tmp_path):
+    """Every TTL × block × minimum prefix × mode of the sweep, and capacity's rows."""
+    def cli(*args):
+        res = CliRunner().invoke(main, list(args))
+        assert res.exit_code == 0, res.output
+        return json.loads(res.stdout)
+
+    grid = ["--stream", "tenant,key,session,global", "--ttl", "0,1m,5m,1h,inf", "--block", "1,16,64",
+            "--min-prefix", "0,1024", "--json"]
+    local = cli("sweep", SAMPLE, "--db", str(tmp_path / "l.duckdb"), *grid)
+    on_ray = cli("sweep", SAMPLE, "--db", str(tmp_path / "r.duckdb"), *grid, "--engine", "ray")
+    assert on_ray == local and len(local) == 4 * 5 * 3 * 2
+    cap = ["capacity", "--stream", "global,tenant", "--block", "16", "--capacity", "64,1024", "--json"]
+    assert cli(*cap, "--db", str(tmp_path / "r.duckdb"), "--engine", "ray") == \
+        cli(*cap, "--db", str(tmp_path / "l.duckdb"))
+    con = api.open_db(tmp_path / "l.duckdb")
+    with pytest.raises(ValueError, match="unknown engine"):
+        api.sweep(con, Grid(streams=("global",), ttls=(5.0,)), engine="nope")
+    con.close()
+    res = CliRunner().invoke(main, ["sweep", "--db", str(tmp_path / "l.duckdb"), "--address", "auto"])
+    assert res.exit_code == 2 and "--address is for --engine ray" in res.output
+
+
+def test_a_killed_worker_is_retried_and_the_rows_are_whole(sample, tmp_path, monkeypatch):
+    want = _rows(sample, "local", variants=("prompt",))
+    marker = tmp_path / "killed-once"
+    monkeypatch.setenv(FAULT_ENV, f"exit-once:global/shallow:{marker}")
+    got = _rows(sample, RayEngine(partitions=3, depth=8), variants=("prompt",))
+    assert marker.exists()  # (the first attempt died)
+    assert got == want
+
+
+@pytest.mark.parametrize("fault", ["exit:global/shallow", "raise:global/shallow"])
+def test_a_partition_that_keeps_failing_is_an_error_and_nothing_is_current(sample, monkeypatch, fault):
+    keys = [("prompt", m) for m in MODES]
+    _rows(sample, "local", variants=("prompt",))
+    walksets.forget(sample, keys)
+    monkeypatch.setenv(FAULT_ENV, fault)
+    with pytest.raises(DistributedReplayFailed, match="global/shallow"):
+        api.prepare(sample, modes=MODES, engine=RayEngine(partitions=2, depth=8, max_retries=1))
+    assert walksets.stale(sample, keys, INF_US) == keys
+    assert ray.is_initialized()  # (the module's session: not the engine's to close)
+
+
+def test_an_engine_leaves_a_session_it_did_not_start_open(sample):
+    eng = RayEngine(partitions=2)
+    _rows(sample, eng, variants=("prompt",), modes=("tenant",))
+    eng.close()
+    assert ray.is_initialized()
+
+
+def _raylets() -> int:
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return sum("/raylet" in line for line in out.splitlines())
+
+
+def _settle(before: int) -> int:
+    deadline = time.time() + 20
+    while _raylets() > before and time.time() < deadline:
+        time.sleep(0.5)
+    return _raylets()
+
+
+_CLI = [str(Path(sys.executable).with_name("replay")), "sweep", SAMPLE, "--stream", "global", "--ttl", "inf",
+        "--json", "--engine", "ray"]
+
+
+@pytest.mark.slow
+def test_the_command_stops_the_cluster_it_started(tmp_path):
+    """`replay sweep --engine ray` in its own process, without a session open:
+    it starts a local cluster and no Ray process outlives the command."""
+    before = _raylets()
+    res = subprocess.run([*_CLI, "--db", str(tmp_path / "x.duckdb")], capture_output=True, text=True,
+                         env={**os.environ, "RAY_ADDRESS": ""}, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Started a local Ray instance" in res.stderr  # (its own cluster, not the module's)
+    assert json.loads(res.stdout)
+    assert _settle(before) == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_the_replay_stops_the_cluster_and_records_nothing(tmp_path):
+    import signal
+
+    before = _raylets()
+    db = tmp_path / "x.duckdb"
+    err = open(tmp_path / "err", "w+")
+    proc = subprocess.Popen([*_CLI, "--db", str(db)], stdout=subprocess.DEVNULL, stderr=err,
+                            env={**os.environ, "RAY_ADDRESS": "", FAULT_ENV: "sleep:global/shallow:120"})
+    try:
+        deadline = time.time() + 120
+        while "Started a local Ray instance" not in (tmp_path / "err").read_text():
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "err").read_text()[-2000:]
+            time.sleep(0.25)
+        time.sleep(3)  # (the tasks are running: the shallow one sleeps)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert _settle(before) == before
+    con = api.open_db(db)
+    assert walksets.stale(con, [("prompt", "global")], INF_US) == [("prompt", "global")]
+    con.close()
+
