@@ -333,6 +333,7 @@ class CountingTok(Tok):
 
     def __init__(self, base: Tok):
         self.__dict__.update(base.__dict__)
+        self.owns_process = False  # (base's encoder process: base stops it)
         self.seen: list[str] = []
 
     def encode_arrays(self, texts):

@@ -253,13 +253,16 @@ _TOK_CACHE: dict = {}
 
 
 def _tokenizer(name=None) -> Tok:
-    """One ``Tok`` per tokenizer for the copies (its encoder process is reused)."""
+    """One ``Tok`` per tokenizer for the copies (its encoder process is reused);
+    the two most recent are kept (a dropped one stops its process once unused)."""
     if isinstance(name, Tok):
         return name
     key = str(name)
-    if key not in _TOK_CACHE:
-        _TOK_CACHE[key] = as_tokenizer(name)
-    return _TOK_CACHE[key]
+    tok = _TOK_CACHE.pop(key, None) or as_tokenizer(name)
+    _TOK_CACHE[key] = tok  # (most recent last)
+    while len(_TOK_CACHE) > 2:
+        del _TOK_CACHE[next(iter(_TOK_CACHE))]
+    return tok
 
 
 def _split_fixes(fixes) -> tuple[list, list[str]]:

@@ -154,6 +154,7 @@ def fixed_tok(tok, fixes, first_ts_us: int | None = None, order: list | None = N
         def render(body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
             return pieces_of_chunks(splitter, *render_chunks(tpl, body, fmt, when(ts_us)))
     out = copy.copy(tok)
+    out.owns_process = False  # (it shares tok's encoder process: only tok stops it)
     out.name = f"{tok.name}+fix={','.join(sorted(fixes))}"
     out.same_segments_as = tok.name
     out.render_request = render

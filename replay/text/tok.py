@@ -97,8 +97,7 @@ class Tok:
         if template is not None:
             self.render = renderers.TEMPLATE
             self.name = renderers.template_tokenizer_name(name, template.digest)
-            self._renderer = None
-            self.render_request = self._template_request
+            self.render_request = _TemplateRequests(template, self.path)
             self.render_output = render_template.output_pieces
         else:
             self.render = renderers.check_render(render)
@@ -111,6 +110,7 @@ class Tok:
         if in_process is None:
             in_process = os.environ.get("REPLAY_ENCODER", "process") == "inline"
         self._proc: encoder.EncoderProcess | None = None
+        self.owns_process = True  # (a copy sharing the process sets False: it must not stop it)
         if not in_process:
             try:
                 self._proc = encoder.EncoderProcess(self.path, self.backend, fast_from_file,
@@ -120,12 +120,6 @@ class Tok:
         self._engine: engine.Engine | None = None
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
         self._lost = False  # an encoder process ended: what it handed out may be unchecked
-
-    def _template_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
-        if self._renderer is None:  # the cut points: the added tokens of the tokenizer.json as shipped
-            self._renderer = render_template.TemplateRenderer(
-                self.template, render_template.Splitter.of_file(self.path))
-        return self._renderer.render_request(body, fmt, ts_us)
 
     # ------------------------------------------------------------ the tokenizer itself
     def _local_tokenizer(self):
@@ -242,8 +236,17 @@ class Tok:
     def close(self) -> None:
         """Stop the encoder process (also done when the object is collected or the program ends)."""
         if self._proc is not None:
-            self._proc.close()
+            if self.owns_process:
+                self._proc.close()
             self._proc = None
+
+    def __del__(self):
+        # The encoder process is kept alive by its own sender thread, so it is stopped
+        # here, when the Tok that started it goes: a Tok nobody closes leaks no process.
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - pragma: no cover - at interpreter exit
+            pass
 
     def marker_token(self, name: str) -> str:
         return renderers.ALL_MARKERS[name]
@@ -260,6 +263,22 @@ class Tok:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _TemplateRequests:
+    """A chat template's ``render_request(body, fmt, ts_us)``, its cut points (the
+    added tokens of the tokenizer.json as shipped) read on first use. (An object
+    of its own, not a method of the ``Tok``: no reference cycle keeps a Tok, and
+    its encoder process, alive.)"""
+
+    def __init__(self, template, tokenizer_json: Path):
+        self.template, self.tokenizer_json, self._renderer = template, tokenizer_json, None
+
+    def __call__(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
+        if self._renderer is None:
+            self._renderer = render_template.TemplateRenderer(
+                self.template, render_template.Splitter.of_file(self.tokenizer_json))
+        return self._renderer.render_request(body, fmt, ts_us)
 
 
 def _read_chat_template(d: Path) -> str | None:
