@@ -723,3 +723,99 @@ def test_line_chunks_equal_the_whole_text(seed):
     assert len(pieces) > 12  # cut within the long texts, not only at added tokens
     got = [t for p in pieces for t in tok.encode(p[1])]
     assert got == reference(tok.path).encode(text, add_special_tokens=False).ids
+
+
+# --------------------------------------------------------------------------- parts of a scanning template
+
+V31 = ROOT / "bench" / "templates" / "tool_chat_template_deepseekv31.jinja"
+
+
+@pytest.mark.parametrize("fmt", ["anthropic", "openai"])
+def test_a_scanning_template_gives_the_system_piece_to_the_system(fmt):
+    """DeepSeek-V3.1's template reads every message (gathering the system prompt)
+    before writing it: the system and tools text still belongs to the system
+    part, and each later message's text to its own part."""
+    tools_a = [{"name": "get_weather", "description": "Weather of a city.",
+                "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    if fmt == "anthropic":
+        body = {"system": "You are SYSTEM-TEXT.", "tools": tools_a, "messages": [
+            {"role": "user", "content": "USER-ONE asks"},
+            {"role": "assistant", "content": "ASSISTANT-ONE answers"},
+            {"role": "user", "content": "USER-TWO asks"}]}
+        system_part, first = 1, 2
+    else:
+        body = {"tools": [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                                           "parameters": t["input_schema"]}} for t in tools_a],
+                "messages": [{"role": "system", "content": "You are SYSTEM-TEXT."},
+                             {"role": "user", "content": "USER-ONE asks"},
+                             {"role": "assistant", "content": "ASSISTANT-ONE answers"},
+                             {"role": "user", "content": "USER-TWO asks"}]}
+        system_part, first = 2, 3
+    tok = load_tokenizer(None, template=str(V31), backend="tokenizers")
+    try:
+        pieces = tok.render_request(body, fmt, MIDNIGHT_US)
+    finally:
+        tok.close()
+    assert "".join(p[1] for p in pieces) == render_text(tok.template, body, fmt, MIDNIGHT_US)
+
+    def part_of(needle):
+        got = {p[2] for p in pieces if needle in p[1]}
+        assert len(got) == 1, (needle, got)
+        return got.pop()
+
+    assert part_of("SYSTEM-TEXT") == system_part
+    assert part_of("get_weather") == system_part  # the tools block, written inside the system prompt
+    assert part_of("USER-ONE") == first
+    assert part_of("ASSISTANT-ONE") == first + 1
+    assert part_of("USER-TWO") == first + 2
+    assert pieces[-1][2] == first + 2  # the generation prompt: the last message's
+
+
+def test_a_chatml_template_still_attributes_each_header_to_its_message():
+    """A template that reads a message's role, writes its header, then its
+    content (no scan) keeps each message's chunks, header included, in its part."""
+    tpl = ChatTemplate(CHATML.read_text(), str(CHATML))
+    from replay.text.render_template import render_chunks
+
+    body = {"messages": [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+                         {"role": "user", "content": "three"}]}
+    chunks, _ = render_chunks(tpl, body, "openai", 0)
+    for k, word in enumerate(["one", "two", "three"]):
+        assert {j for c, j in chunks if word in c} == {k}
+    assert [j for c, j in chunks if "<|im_start|>" in c][:3] == [0, 1, 2]
+
+
+def test_added_tokens_of_several_first_characters_match_as_one_trie():
+    """``_alternation`` gives one trie per first character (searched fast); merged,
+    their matches are those of one regex of all the strings."""
+    import re
+
+    from replay.text.render_template import _alternation, _spans, _trie_pattern
+
+    rng = random.Random(7)
+    words = ["ab", "abc", "b", "bc", "c", "ca", "xab", "<｜U｜>", "｜"]
+    for _ in range(3000):
+        ws = set(rng.sample(words, rng.randint(1, len(words))))
+        one = re.compile(_trie_pattern(sorted(ws)))
+        text = "".join(rng.choice(["a", "b", "c", "x", "<", "｜", "U", ">"]) for _ in range(rng.randint(0, 40)))
+        lo = rng.randint(0, len(text))
+        hi = rng.randint(lo, len(text))
+        assert _spans(_alternation(ws), text, lo, hi) == [m.span() for m in one.finditer(text, lo, hi)]
+
+
+def test_line_cuts_remembered_equal_cuts_made_afresh(model_dirs):
+    """A long text between added tokens is cut where it was cut the first time,
+    whatever surrounds it."""
+    sp = Splitter.of_file(DS_JSON)
+    if not sp.lines:
+        pytest.skip("the shipped tokenizer's pre-tokenizer is not the known one")
+    rng = random.Random(3)
+    lines = ["".join(rng.choice("abc def\t{}") for _ in range(rng.randint(0, 90))) for _ in range(400)]
+    body = "\n".join(lines)
+    for prefix in ("", "x", "<｜User｜>", "y" * 30 + "<｜User｜>"):
+        text = prefix + body + "<｜Assistant｜>" + body
+        first = sp.split(text)
+        again = sp.split(text)
+        fresh = Splitter.of_file(DS_JSON).split(text)
+        assert first == again == fresh
+        assert "".join(text[s:e] for s, e in first) == text

@@ -52,7 +52,13 @@ message the template was reading when it wrote the piece's first character:
 the messages handed to the template note each read of one of their fields, and
 the rendered text is collected chunk by chunk as the template writes it. (The
 tools block a template writes inside its system message belongs to that
-message; the generation prompt to the last message.)
+message; the generation prompt to the last message.) When the template read
+more than one message since it wrote the last chunk (a scan: DeepSeek-V3.1's
+reads every message to gather the system prompt before writing it; or a look
+at the next message), the chunk belongs to the message whose ``content``,
+``tool_calls`` or ``reasoning_content`` it read last in that window, else to
+the first message it read there — not merely to the last message read. A
+chunk written with no read since the last one belongs to the same message.
 
 Replies (``render_output``) are the neutral rendering's texts without its markers
 (``replay.text.render``): a template describes prompts, not what a model writes.
@@ -65,6 +71,7 @@ import json
 import os
 import re
 import zlib
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,6 +90,8 @@ LINE_CHUNK_MAX = 16_384
 # After a line break, spaces/tabs, then a character that is not whitespace in any
 # definition: the known pre-tokenizer never joins text across it (``_line_chunks``)
 _LINE_CUT = re.compile(r"[\r\n](?=[ \t]*[!-~\w])")
+#: long texts whose line cuts a Splitter remembers (then it forgets them all)
+_LINE_CACHE_MAX = 20_000
 #: set to 1: never cut the rendered text (each request's whole text is one segment)
 WHOLE_TEXT_ENV = "REPLAY_TEMPLATE_WHOLE_TEXT"
 _SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -218,6 +227,85 @@ def compiled(source: str):
     return got
 
 
+_FAST: dict[str, Any] = {}
+#: objects the tokenize stage guarantees unchanged while it runs (``freeze_inputs``):
+#: per-object results (``tojson``) are remembered by ``id`` only while this is set
+_FROZEN = [False]
+_TOJSON_MEMO: dict[int, tuple[Any, str]] = {}
+_TOJSON_MEMO_MAX = 50_000
+
+
+def freeze_inputs(on: bool) -> None:
+    """``True``: until called with ``False``, the bodies handed to
+    :func:`render_chunks` (and every object inside them) are never changed by
+    the caller, so a template's ``tojson`` of a dict or list is remembered per
+    object (the tokenize stage hands the same parsed tools and messages to many
+    requests). ``False``: back to rendering every object afresh."""
+    _FROZEN[0] = on
+    _TOJSON_MEMO.clear()
+
+
+def forget_frozen() -> None:
+    """Drop what is remembered per object (the caller lets go of its objects)."""
+    _TOJSON_MEMO.clear()
+
+
+def _fast_compiled(source: str):
+    """The template compiled as :func:`compiled` does, in a copy of transformers'
+    environment whose attribute lookup takes a shortcut for plain dicts, the
+    tracked messages and namespaces (the sandbox's own rules give the same
+    value for them: no callable, no underscore name is ever returned by the
+    shortcut) and whose ``tojson`` remembers its result per unchanged object
+    (``freeze_inputs``); the rendered text is the same."""
+    got = _FAST.get(source)
+    if got is not None:
+        return got
+    base = compiled(source).environment
+    env = base.overlay()
+    env.filters = dict(base.filters)
+    env.globals = dict(base.globals)
+    slow_getattr = env.getattr
+    undefined = env.undefined
+    namespace = base.globals.get("namespace")
+    dict_names, read_names = frozenset(dir(dict)), frozenset(dir(_Read))
+    plain = (str, int, bool, float, type(None), list, dict, tuple)
+
+    def getattr_(obj, attribute):
+        t = type(obj)
+        if t is dict or t is _Read:  # (no instance attributes: ``dir`` of the type names them all)
+            if attribute not in (dict_names if t is dict else read_names):
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return undefined(obj=obj, name=attribute)
+        elif t is namespace and attribute[:1] != "_":
+            attrs = object.__getattribute__(obj, "_Namespace__attrs")
+            if attribute in attrs:
+                value = attrs[attribute]
+                if type(value) in plain:
+                    return value
+        return slow_getattr(obj, attribute)
+
+    env.getattr = getattr_
+    tojson = base.filters["tojson"]
+
+    def tojson_(x, *args, **kwargs):
+        if not _FROZEN[0] or args or kwargs or type(x) not in (dict, list):
+            return tojson(x, *args, **kwargs)
+        hit = _TOJSON_MEMO.get(id(x))
+        if hit is not None and hit[0] is x:  # (held here: its id is not reused meanwhile)
+            return hit[1]
+        out = tojson(x)
+        if len(_TOJSON_MEMO) >= _TOJSON_MEMO_MAX:
+            _TOJSON_MEMO.clear()
+        _TOJSON_MEMO[id(x)] = (x, out)
+        return out
+
+    env.filters["tojson"] = tojson_
+    got = _FAST[source] = env.from_string(source)
+    return got
+
+
 def template_now(ts_us: int | None) -> dict:
     """The template variables that print the request's time: ``strftime_now``
     and ``date_string`` (a relative or missing timestamp: the epoch's)."""
@@ -238,6 +326,39 @@ class _Read(dict):
         return dict.get(self, key, default)
 
 
+#: fields holding what a message says: the one of these read last in a scan names the chunk's message
+_CONTENT_KEYS = frozenset(("content", "tool_calls", "reasoning_content"))
+
+
+class _Tracked(dict):
+    """A message that notes its reads in the window ``w`` shared by all
+    messages: ``[last read, first read, last content-like read, several read]``
+    (indices; ``render_chunks`` opens a new window at each written chunk)."""
+    __slots__ = ("_index", "_w")
+
+    def __getitem__(self, key):
+        w, i = self._w, self._index
+        w[0] = i
+        if w[1] is None:
+            w[1] = i
+        elif w[1] != i:
+            w[3] = True
+        if key in _CONTENT_KEYS:
+            w[2] = i
+        return dict.__getitem__(self, key)
+
+    def get(self, key, default=None):
+        w, i = self._w, self._index
+        w[0] = i
+        if w[1] is None:
+            w[1] = i
+        elif w[1] != i:
+            w[3] = True
+        if key in _CONTENT_KEYS:
+            w[2] = i
+        return dict.get(self, key, default)
+
+
 def _alias_reasoning(messages: list[dict]) -> list[dict]:
     alias = getattr(_chat_template_utils(), "_alias_reasoning_fields", None)
     return messages if alias is None else alias(messages)  # (older transformers: no aliasing)
@@ -249,16 +370,24 @@ def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | N
     written before the template read any message), and each template
     message's part (``template_messages``)."""
     messages, tools, origin = template_messages(body, fmt, tpl.reads_blocks)
-    seen = [-1]
+    w = [None, None, None, False]  # the reads since the last chunk written (``_Tracked``)
     tracked = []
     for j, m in enumerate(_alias_reasoning(messages)):
-        t = _Read(m)
-        t._index, t._seen = j, seen
+        t = _Tracked(m)
+        t._index, t._w = j, w
         tracked.append(t)
     variables = {**tpl.specials, **template_now(ts_us)}
-    gen = compiled(tpl.source).generate(messages=tracked, tools=tools, documents=None,
-                                        add_generation_prompt=True, **variables)
-    chunks = [(c, seen[0]) for c in gen if c]
+    gen = _fast_compiled(tpl.source).generate(messages=tracked, tools=tools, documents=None,
+                                              add_generation_prompt=True, **variables)
+    chunks = []
+    cur = -1
+    for c in gen:
+        if c:
+            if w[1] is not None:  # (no read since the last chunk: the same message goes on)
+                cur = (w[2] if w[2] is not None else w[1]) if w[3] else w[0]
+                w[1] = w[2] = None
+                w[3] = False
+            chunks.append((c, cur))
     return chunks, origin
 
 
@@ -285,6 +414,7 @@ class Splitter:
         self._re_normalized = _alternation({a["content"] for a in added if a.get("content") and a.get("normalized")})
         # the pre-tokenizer the line argument holds for (``_line_chunks``)
         self.lines = _known(pre_tokenizer, normalizer, [a.get("content") or "" for a in added])
+        self._line_cuts: dict = {}  # a long text between added tokens → its cuts
 
     @classmethod
     def of_file(cls, tokenizer_json: str | Path) -> "Splitter":
@@ -309,30 +439,47 @@ class Splitter:
         out: list[tuple[int, int]] = []
         pos = 0
         between = self._between if self.lines else _one
+        cut_at, append = self.cut_at, out.append
         for s, e in matches:
-            if text[s:e] not in self.cut_at:
+            if text[s:e] not in cut_at:
                 continue
             if s > pos:
-                between(text, pos, s, out)
-            out.append((s, e))
+                if s - pos < LINE_CHUNK_FROM:  # (short: never cut into lines)
+                    append((pos, s))
+                else:
+                    between(text, pos, s, out)
+            append((s, e))
             pos = e
         if pos < len(text):
             between(text, pos, len(text), out)
         return out
 
-    @staticmethod
-    def _between(text: str, start: int, end: int, out: list) -> None:
-        """The text between two added tokens, in line chunks (``_line_chunks``)."""
+    def _between(self, text: str, start: int, end: int, out: list) -> None:
+        """The text between two added tokens, in line chunks (``_line_chunks``);
+        a text seen before is cut where it was (remembered by its content)."""
         if end - start < LINE_CHUNK_FROM:
             out.append((start, end))
             return
+        base = max(0, start - 24)  # (a cut reads the 24 characters before it, maybe before ``start``)
+        span = text[base:end]
+        key = span if base else (start, span)
+        cuts = self._line_cuts.get(key)
+        if cuts is None:
+            cuts = []
+            at = start - base
+            for m in _LINE_CUT.finditer(span, at):
+                p = m.end()
+                if p - at >= LINE_CHUNK_MAX or zlib.crc32(span[p - 24:p].encode("utf-8", "surrogatepass")) & 7 == 0:
+                    cuts.append(p)
+                    at = p
+            cuts.append(len(span))
+            if len(self._line_cuts) >= _LINE_CACHE_MAX:
+                self._line_cuts.clear()
+            self._line_cuts[key] = cuts
         at = start
-        for m in _LINE_CUT.finditer(text, start, end):
-            p = m.end()
-            if p - at >= LINE_CHUNK_MAX or zlib.crc32(text[p - 24:p].encode("utf-8", "surrogatepass")) & 7 == 0:
-                out.append((at, p))
-                at = p
-        out.append((at, end))
+        for p in cuts:
+            out.append((at, base + p))
+            at = base + p
 
 
 def _one(text: str, start: int, end: int, out: list) -> None:
@@ -340,11 +487,21 @@ def _one(text: str, start: int, end: int, out: list) -> None:
 
 
 def _alternation(contents: set[str]):
-    """A regex matching any of ``contents``, the longest at a position first (so
-    leftmost longest), or None. Written as a trie of the strings: a thousand
-    added tokens sharing ``<｜`` are tried in one pass, not one by one."""
+    """A matcher of any of ``contents`` (``_spans``), the longest at a position
+    first (so leftmost longest), or None. Written as a trie of the strings: a
+    thousand added tokens sharing ``<｜`` are tried in one pass, not one by one;
+    strings starting with different characters get a trie each (a regex starting
+    with one literal character is searched for fast; one starting with a choice
+    tries every position), merged in ``_spans``."""
     contents = {c for c in contents if c}
-    return re.compile(_trie_pattern(sorted(contents))) if contents else None
+    if not contents:
+        return None
+    firsts: dict[str, list[str]] = {}
+    for c in sorted(contents):
+        firsts.setdefault(c[0], []).append(c)
+    if len(firsts) == 1:
+        return re.compile(_trie_pattern(sorted(contents)))
+    return [re.compile(_trie_pattern(words)) for words in firsts.values()]
 
 
 def _trie_pattern(words: list[str]) -> str:
@@ -365,8 +522,28 @@ def _trie_pattern(words: list[str]) -> str:
 
 
 def _spans(rx, text: str, start: int, end: int) -> list[tuple[int, int]]:
-    """The matches of ``rx`` within ``text[start:end]``."""
-    return [] if rx is None or start >= end else [m.span() for m in rx.finditer(text, start, end)]
+    """The matches of ``rx`` (``_alternation``) within ``text[start:end]``: of a
+    list of regexes (each for strings of one first character), the leftmost
+    match of any from where the last ended, as one regex of them all would
+    give (at a position only the one for its character can match)."""
+    if rx is None or start >= end:
+        return []
+    if not isinstance(rx, list):
+        return [m.span() for m in rx.finditer(text, start, end)]
+    nxt = [r.search(text, start, end) for r in rx]
+    out: list[tuple[int, int]] = []
+    pos = start
+    while True:
+        best = None
+        for k, m in enumerate(nxt):
+            if m is not None and m.start() < pos:  # (overlapped by the last match: look again from its end)
+                m = nxt[k] = rx[k].search(text, pos, end)
+            if m is not None and (best is None or m.start() < best.start()):
+                best = m
+        if best is None:
+            return out
+        out.append(best.span())
+        pos = best.end() if best.end() > best.start() else best.end() + 1
 
 
 def _prefixes_first_word(component: Any) -> bool:
@@ -395,19 +572,21 @@ class TemplateRenderer:
 
     def render_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
         chunks, origin = render_chunks(self.template, body, fmt, ts_us)
-        text = "".join(c for c, _ in chunks)
-        starts, parts, pos = [], [], 0
+        text = "".join([c for c, _ in chunks])
+        # the runs of chunks of one part: (start, part)
+        starts, parts, pos, last = [], [], 0, None
         for c, j in chunks:
-            starts.append(pos)
-            parts.append(origin[j] if j >= 0 else 0)
+            part = origin[j] if j >= 0 else 0
+            if part != last:
+                starts.append(pos)
+                parts.append(part)
+                last = part
             pos += len(c)
-        out: list[Piece] = []
-        k = 0
-        for s, e in self.splitter.split(text):
-            while k + 1 < len(starts) and starts[k + 1] <= s:
-                k += 1
-            out.append(("text", text[s:e], parts[k] if parts else 0))
-        return out
+        spans = self.splitter.split(text)
+        if len(parts) <= 1:
+            part = parts[0] if parts else 0
+            return [("text", text[s:e], part) for s, e in spans]
+        return [("text", text[s:e], parts[bisect_right(starts, s) - 1]) for s, e in spans]
 
     def render_output(self, output: Any, fmt: str = "anthropic") -> list[Piece]:
         return output_pieces(output, fmt)

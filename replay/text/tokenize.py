@@ -60,12 +60,15 @@ from replay.store.failpoints import failpoint
 from replay.store.jsontext import loads
 from replay.text.blob_cache import BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows
 from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg_id
+from replay.text import render_template
 from replay.text.render_template import WHOLE_TEXT_ENV
+from replay.text.template_bodies import TemplateBodies
 from replay.text.renderers import TEMPLATE
 from replay.text.tok import Tok, load_tokenizer
 
 CHUNK_REQUESTS = (2_000, 10_000)  # requests per transaction: at least, at most (about 25 transactions)
 BATCH_CHARS = 4_000_000
+TEXT_MEMO_ENTRIES = 500_000  # texts NewSegments.add_texts remembers (then it forgets them all)
 
 # the requests this stage has still to do (db.untokenized counts them)
 _WAITING = ("r.block_ids IS NULL AND NOT EXISTS (SELECT 1 FROM prompts p WHERE p.request_id = r.request_id) "
@@ -96,6 +99,7 @@ class NewSegments:
         self.batch_chars = batch_chars
         ids, ns = _fetch_known(con)
         self.known: dict[int, int] = dict(zip(ids, ns))
+        self.text_ids: dict[str, int] = {}  # text → seg_id, for add_texts (every id in known or new_texts)
         self._reset()
 
     def _reset(self) -> None:
@@ -120,6 +124,22 @@ class NewSegments:
                 self.new_arrays[sid] = self.tok.image_tokens(payload[0], payload[1])
             return sid
         raise ValueError(f"unknown piece kind {kind!r}")
+
+    def add_texts(self, pieces: list) -> list[int]:
+        """``add_piece`` of text pieces (a chat template's), a text seen in this
+        run found by one dict lookup (its content) instead of being hashed again."""
+        memo = self.text_ids
+        out = []
+        for piece in pieces:
+            sid = memo.get(piece[1]) if piece[0] == "text" else None
+            if sid is None:
+                sid = self.add_piece(piece)
+                if piece[0] == "text":
+                    if len(memo) >= TEXT_MEMO_ENTRIES:
+                        memo.clear()
+                    memo[piece[1]] = sid
+            out.append(sid)
+        return out
 
     def add_tokens(self, tokens: np.ndarray) -> int:
         arr = np.asarray(tokens, dtype=np.int32)
@@ -334,6 +354,10 @@ class _Run:
         self.con, self.tok = con, tok
         self.store = NewSegments(con, tok, batch_chars)
         self.blob_cache = BlobCache(self.store)
+        self.template_bodies = None
+        if tok.render == TEMPLATE:
+            self.template_bodies = TemplateBodies()
+            render_template.freeze_inputs(True)  # (until close: nothing changes the bodies it renders)
         self.reads = con.cursor()
         self.committer = db.Deferred(depth=1)
         self.prompts = self.segments = self.tokens = self.logical = self.aside = 0
@@ -356,7 +380,12 @@ class _Run:
         # requests whose body is stored as parts: assembled together, with arrays
         by_blobs = np.array([blob_valid[i] and bodies[i] is None and fmts[i] != "tokens"
                              for i in range(len(rids))], dtype=bool)
-        if self.tok.render != "neutral" and by_blobs.any():
+        parsed = None
+        if self.tok.render == TEMPLATE and by_blobs.any():
+            # a chat template reads each body whole: assembled from its parsed parts
+            parsed = self.template_bodies.assemble(self.reads, by_blobs, blobs_col)
+            by_blobs[:] = False
+        elif self.tok.render != "neutral" and by_blobs.any():
             # parts are rendered neutrally: another rendering renders each body whole
             tbl = _with_whole_bodies(self.reads, tbl, by_blobs, blobs_col)
             by_blobs[:] = False
@@ -366,16 +395,18 @@ class _Run:
         self.blob_cache.load(self.reads, sel_ids, (lo, hi))
         assembled = self.blob_cache.assemble(sel_ids, sel_off) if len(sel) else None
         got = self._render(tbl, by_blobs, {int(i): j for j, i in enumerate(sel)},
-                           rows_with(sel_ids, sel_off, self.blob_cache.failed))
+                           rows_with(sel_ids, sel_off, self.blob_cache.failed), parsed)
         self.committed()
         self._store(got, assembled, rids[sel])
         if self.bar is not None:
             self.bar.update(len(ids))
 
-    def _render(self, tbl, by_blobs, sel_pos: dict, broken: dict) -> _Rendered:
+    def _render(self, tbl, by_blobs, sel_pos: dict, broken: dict, parsed: list | None = None) -> _Rendered:
         """Render what the chunk's body parts do not already give: bodies stored
-        whole, outputs, pre-tokenized requests."""
+        whole, outputs, pre-tokenized requests. ``parsed``: bodies already
+        parsed (None where the body is to be read from ``tbl``)."""
         store, out = self.store, _Rendered()
+        template = self.tok.render == TEMPLATE  # (a chat template's pieces: most texts seen before)
         self.cut_unchecked = self.tok.render == TEMPLATE  # one request a chunk: see check_cuts
         to_check = None
         fmts, bodies = tbl.column("format").to_pylist(), tbl.column("body").to_pylist()
@@ -393,13 +424,19 @@ class _Run:
                     out_ids = None if out_toks[i] is None else [store.add_tokens(out_toks[i])]
                 else:
                     if not by_blobs[i]:
-                        if bodies[i] is None:
-                            raise ValueError("no body")
-                        pieces = self.tok.render_request(loads(bodies[i]), fmts[i], times[i])
+                        body = parsed[i] if parsed is not None else None
+                        if body is None:
+                            if bodies[i] is None:
+                                raise ValueError("no body")
+                            body = loads(bodies[i])
+                        pieces = self.tok.render_request(body, fmts[i], times[i])
                         if self.cut_unchecked:
                             self.cut_unchecked = False
                             to_check = (rid, pieces)
-                        seg_ids, parts = [store.add_piece(p) for p in pieces], [p[2] for p in pieces]
+                        if template:
+                            seg_ids, parts = store.add_texts(pieces), [p[2] for p in pieces]
+                        else:
+                            seg_ids, parts = [store.add_piece(p) for p in pieces], [p[2] for p in pieces]
                     if outputs[i] is not None and (o := loads(outputs[i])) is not None:
                         out_ids = [store.add_piece(p) for p in self.tok.render_output(o, fmts[i])]
             except Exception as exc:  # noqa: BLE001 - set aside with its reason, never silent
@@ -442,6 +479,7 @@ class _Run:
             con.execute("ROLLBACK")
             # the in-memory index may now list rows that were rolled back
             store.known = dict(zip(*_fetch_known(con)))
+            store.text_ids.clear()
             raise
         self.segments += n_seg
         self.tokens += n_tok
@@ -463,6 +501,8 @@ class _Run:
             pass
         self.committer.close()
         self.reads.close()
+        if self.template_bodies is not None:
+            render_template.freeze_inputs(False)
         if self.bar is not None:
             self.bar.close()
 
