@@ -23,6 +23,11 @@ tokenize stage (unique content once). ``speedup_vs_naive`` over
 ``speedup_vs_unique`` what the trie and the one-pass sweep are worth. Both
 sweeps must equal the pipeline's (``naive_results_identical``,
 ``unique_results_identical``).
+
+``--chat-template PATH`` renders the bodies with that chat template in the
+pipeline (as ``replay … --chat-template PATH`` does: ``api.tokenizer_spec``);
+the baselines render neutrally, so it runs with ``--no-naive`` only (the
+default when it is given).
 """
 
 from __future__ import annotations
@@ -139,7 +144,7 @@ def _grid(ttls=TTLS):
     return Grid(ttls=tuple(ttls), blocks=BLOCKS, min_prefixes=MIN_PREFIXES, streams=STREAMS)
 
 
-def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
+def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None = None) -> dict:
     """The real stages through the package API, timed one by one: ingest, then the
     one ``prepare`` (tokenize and replay; what is left of its time is the wait for
     the encoder's checks), then the sweep."""
@@ -154,7 +159,8 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
     try:
         tree = _TreePeak()
         t0, c0 = time.perf_counter(), time.process_time()
-        tokenizer = api.load_tokenizer()  # its encoder process loads and works while ingest runs, as in `replay run`
+        # (the tokenizer spec as the CLI's --chat-template makes it; without one: the default, neutral)
+        tokenizer = api.load_tokenizer(api.tokenizer_spec(None, None, chat_template))  # its encoder process loads and works while ingest runs, as in `replay run`
         ing = api.ingest(con, [logs], tokenizer=tokenizer)
         t1, c1 = time.perf_counter(), time.process_time()
     finally:
@@ -192,7 +198,7 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS) -> dict:
         # encoder process in all: on two cores, the sum over wall time says how
         # much of the second core was used
         "cpu_seconds": {"ingest": c1 - c0, "prepare": c3 - c1, "sweep": c4 - c3, "encoder": _children_cpu_s()},
-        "encoder": encoder_used, "pipeline_s": t4 - t0 - own + close_s,
+        "encoder": encoder_used, "tokenizer": tokenizer.name, "pipeline_s": t4 - t0 - own + close_s,
         "configs": grid.size, "trie_nodes": rep.trie_nodes,
         "db_mb": os.path.getsize(dbfile) / 1e6,
         # the encoder process runs beside ingest and tokenize: peak_rss_mb is what
@@ -259,9 +265,10 @@ def _calibration_s() -> float:
 
 
 def one_run(requests: int, days: float, seed: int, turns: float, chat_share: float,
-            naive: bool, workdir: Path, keep: bool, unique: bool | None = None) -> dict:
+            naive: bool, workdir: Path, keep: bool, unique: bool | None = None,
+            chat_template: str | None = None) -> dict:
     """One generated log through the pipeline and, when asked, the two baselines
-    (``unique`` defaults to ``naive``)."""
+    (``unique`` defaults to ``naive``; neither with ``chat_template``: they render neutrally)."""
     unique = naive if unique is None else unique
     workdir.mkdir(parents=True, exist_ok=True)
     logs = workdir / "logs"
@@ -275,9 +282,12 @@ def one_run(requests: int, days: float, seed: int, turns: float, chat_share: flo
         gen = _sub("generate", out=str(logs), requests=requests, days=days, seed=seed, turns=turns,
                    chat_share=chat_share)
     calibration = _calibration_s()
-    pipe = _sub("pipeline", logs=str(logs), dbfile=str(dbfile))
+    if chat_template is not None and (naive or unique):
+        raise ValueError("the baselines render neutrally: --chat-template needs --no-naive")
+    pipe = _sub("pipeline", logs=str(logs), dbfile=str(dbfile), chat_template=chat_template)
     out = {k: v for k, v in pipe.items() if k != "rows"}
     out["calibration_loop_s"] = calibration
+    out["chat_template"] = chat_template
     total = pipe["pipeline_s"]
     out["logical_tokens_per_s"] = pipe["logical_prompt_tokens"] / total if total > 0 else None
     out["sweep_share_of_replay"] = pipe["sweep_s"] / pipe["replay_s"] if pipe["replay_s"] > 0 else None
@@ -322,6 +332,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=None, help="where logs and the DuckDB file go (default: a temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep (and reuse) the generated logs")
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    ap.add_argument("--chat-template", default=None, metavar="PATH",
+                    help="render bodies with this chat template (a Jinja file or a model directory, as the "
+                         "CLI's --chat-template) in the pipeline; the baselines cannot: needs --no-naive (its default)")
     ap.add_argument("--_stage", help=argparse.SUPPRESS)
     ap.add_argument("--_args", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -335,18 +348,27 @@ def main(argv=None) -> int:
 
     requests = WEEK_REQUESTS if a.week else a.requests
     days = a.days if a.days is not None else (7.0 if a.week else max(1.0, round(requests / WEEK_RATE, 3)))
-    naive = a.naive if a.naive is not None else not (a.week or a.scaling)
+    if a.chat_template is not None:
+        if a.naive:
+            ap.error("--chat-template: the baselines (bench/naive.py) render neutrally; give --no-naive")
+        if not Path(a.chat_template).exists():
+            ap.error(f"--chat-template: no such file or directory: {a.chat_template}")
+        a.chat_template = str(Path(a.chat_template).resolve())
+    naive = a.naive if a.naive is not None else not (a.week or a.scaling or a.chat_template)
     base = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="replay-bench-"))
     if a.scaling:
-        r1 = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base / "x1", a.keep)
-        r4 = one_run(4 * requests, 4 * days, a.seed, a.turns, a.chat_share, naive, base / "x4", a.keep)
+        r1 = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base / "x1", a.keep,
+                     chat_template=a.chat_template)
+        r4 = one_run(4 * requests, 4 * days, a.seed, a.turns, a.chat_share, naive, base / "x4", a.keep,
+                     chat_template=a.chat_template)
         out = {"x1": r1, "x4": r4,
                "requests_ratio": r4["requests"] / r1["requests"],
                "peak_rss_ratio": r4["peak_rss_mb"] / r1["peak_rss_mb"],
                "wall_ratio": r4["pipeline_s"] / r1["pipeline_s"],
                "replay_wall_ratio": r4["replay_s"] / r1["replay_s"]}
     else:
-        out = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base, a.keep)
+        out = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base, a.keep,
+                      chat_template=a.chat_template)
     if not a.keep and not a.workdir:
         shutil.rmtree(base, ignore_errors=True)
     if a.json:
