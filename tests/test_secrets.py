@@ -546,7 +546,7 @@ def test_a_failing_report_section_does_not_quote_prompt_text(world, tmp_path, mo
     leaves the report standing and says which section failed, not what it read."""
     from replay import api
 
-    def section(con, out):
+    def section(con, out, **_):
         body = con.execute("SELECT body FROM request_bodies WHERE body IS NOT NULL LIMIT 1").fetchone()[0]
         at = body.index(CANARY)
         return int(body[at - 40:at + len(CANARY)])   # ValueError: invalid literal for int() …: '…CANARY-…'
