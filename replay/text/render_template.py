@@ -67,6 +67,7 @@ Replies (``render_output``) are the neutral rendering's texts without its marker
 from __future__ import annotations
 
 import hashlib
+import functools
 import json
 import os
 import re
@@ -267,12 +268,12 @@ def _fast_compiled(source: str):
     slow_getattr = env.getattr
     undefined = env.undefined
     namespace = base.globals.get("namespace")
-    dict_names, read_names = frozenset(dir(dict)), frozenset(dir(_Read))
+    dict_names, read_names = frozenset(dir(dict)), frozenset(dir(_Tracked))
     plain = (str, int, bool, float, type(None), list, dict, tuple)
 
     def getattr_(obj, attribute):
         t = type(obj)
-        if t is dict or t is _Read:  # (no instance attributes: ``dir`` of the type names them all)
+        if t is dict or t is _Tracked:  # (no instance attributes: ``dir`` of the type names them all)
             if attribute not in (dict_names if t is dict else read_names):
                 try:
                     return obj[attribute]
@@ -313,19 +314,6 @@ def template_now(ts_us: int | None) -> dict:
     return {"strftime_now": when.strftime, "date_string": when.strftime("%d %b %Y")}
 
 
-class _Read(dict):
-    """A message that notes, in ``seen[0]``, its index whenever a field of it is read."""
-    __slots__ = ("_index", "_seen")
-
-    def __getitem__(self, key):
-        self._seen[0] = self._index
-        return dict.__getitem__(self, key)
-
-    def get(self, key, default=None):
-        self._seen[0] = self._index
-        return dict.get(self, key, default)
-
-
 #: fields holding what a message says: the one of these read last in a scan names the chunk's message
 _CONTENT_KEYS = frozenset(("content", "tool_calls", "reasoning_content"))
 
@@ -336,7 +324,7 @@ class _Tracked(dict):
     (indices; ``render_chunks`` opens a new window at each written chunk)."""
     __slots__ = ("_index", "_w")
 
-    def __getitem__(self, key):
+    def _note(self, key) -> None:
         w, i = self._w, self._index
         w[0] = i
         if w[1] is None:
@@ -345,17 +333,13 @@ class _Tracked(dict):
             w[3] = True
         if key in _CONTENT_KEYS:
             w[2] = i
+
+    def __getitem__(self, key):
+        self._note(key)
         return dict.__getitem__(self, key)
 
     def get(self, key, default=None):
-        w, i = self._w, self._index
-        w[0] = i
-        if w[1] is None:
-            w[1] = i
-        elif w[1] != i:
-            w[3] = True
-        if key in _CONTENT_KEYS:
-            w[2] = i
+        self._note(key)
         return dict.get(self, key, default)
 
 
@@ -370,6 +354,12 @@ def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | N
     written before the template read any message), and each template
     message's part (``template_messages``)."""
     messages, tools, origin = template_messages(body, fmt, tpl.reads_blocks)
+    return render_messages(tpl, messages, tools, ts_us), origin
+
+
+def render_messages(tpl: ChatTemplate, messages: list[dict], tools: list | None, ts_us: int | None,
+                    add_generation_prompt: bool = True) -> list[tuple[str, int]]:
+    """:func:`render_chunks` of messages already in the template's shape."""
     w = [None, None, None, False]  # the reads since the last chunk written (``_Tracked``)
     tracked = []
     for j, m in enumerate(_alias_reasoning(messages)):
@@ -378,7 +368,7 @@ def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | N
         tracked.append(t)
     variables = {**tpl.specials, **template_now(ts_us)}
     gen = _fast_compiled(tpl.source).generate(messages=tracked, tools=tools, documents=None,
-                                              add_generation_prompt=True, **variables)
+                                              add_generation_prompt=add_generation_prompt, **variables)
     chunks = []
     cur = -1
     for c in gen:
@@ -388,7 +378,7 @@ def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | N
                 w[1] = w[2] = None
                 w[3] = False
             chunks.append((c, cur))
-    return chunks, origin
+    return chunks
 
 
 def render_text(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | None) -> str:
@@ -418,12 +408,9 @@ class Splitter:
 
     @classmethod
     def of_file(cls, tokenizer_json: str | Path) -> "Splitter":
-        import msgspec
-
-        from replay.text.tokenizer_json import _JsonDoc
-
-        doc = msgspec.json.decode(Path(tokenizer_json).read_bytes(), type=_JsonDoc)
-        return cls(doc.added_tokens, doc.pre_tokenizer, doc.normalizer)
+        """The splitter of a tokenizer.json (one per file and ``WHOLE_TEXT_ENV``
+        setting in a process: reading the file is the costly part)."""
+        return _splitter_of(str(tokenizer_json), os.environ.get(WHOLE_TEXT_ENV, ""))
 
     def split(self, text: str) -> list[tuple[int, int]]:
         """``(start, end)`` of the pieces of ``text`` (none empty), in order."""
@@ -546,6 +533,16 @@ def _spans(rx, text: str, start: int, end: int) -> list[tuple[int, int]]:
         pos = best.end() if best.end() > best.start() else best.end() + 1
 
 
+@functools.lru_cache(maxsize=4)
+def _splitter_of(tokenizer_json: str, _whole_env: str) -> Splitter:
+    import msgspec
+
+    from replay.text.tokenizer_json import _JsonDoc
+
+    doc = msgspec.json.decode(Path(tokenizer_json).read_bytes(), type=_JsonDoc)
+    return Splitter(doc.added_tokens, doc.pre_tokenizer, doc.normalizer)
+
+
 def _prefixes_first_word(component: Any) -> bool:
     """A Metaspace (anywhere in a pre-tokenizer/normalizer) that prefixes only
     the text's first word: its encoding of a piece depends on where the piece is."""
@@ -564,6 +561,26 @@ def output_pieces(output: Any, fmt: str = "anthropic") -> list[Piece]:
     return [p for p in render_output(output, fmt) if p[0] != "marker"]
 
 
+def pieces_of(splitter: Splitter, chunks: list[tuple[str, int]], origin: list[int]) -> list[Piece]:
+    """The pieces (``("text", str, part)``) of rendered chunks: the text cut by
+    ``splitter``, each piece in the part of the chunk it starts in."""
+    text = "".join([c for c, _ in chunks])
+    # the runs of chunks of one part: (start, part)
+    starts, parts, pos, last = [], [], 0, None
+    for c, j in chunks:
+        part = origin[j] if j >= 0 else 0
+        if part != last:
+            starts.append(pos)
+            parts.append(part)
+            last = part
+        pos += len(c)
+    spans = splitter.split(text)
+    if len(parts) <= 1:
+        part = parts[0] if parts else 0
+        return [("text", text[s:e], part) for s, e in spans]
+    return [("text", text[s:e], parts[bisect_right(starts, s) - 1]) for s, e in spans]
+
+
 class TemplateRenderer:
     """``render_request(body, fmt, ts_us)`` → pieces, for one template and tokenizer."""
 
@@ -571,22 +588,7 @@ class TemplateRenderer:
         self.template, self.splitter = tpl, splitter
 
     def render_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
-        chunks, origin = render_chunks(self.template, body, fmt, ts_us)
-        text = "".join([c for c, _ in chunks])
-        # the runs of chunks of one part: (start, part)
-        starts, parts, pos, last = [], [], 0, None
-        for c, j in chunks:
-            part = origin[j] if j >= 0 else 0
-            if part != last:
-                starts.append(pos)
-                parts.append(part)
-                last = part
-            pos += len(c)
-        spans = self.splitter.split(text)
-        if len(parts) <= 1:
-            part = parts[0] if parts else 0
-            return [("text", text[s:e], part) for s, e in spans]
-        return [("text", text[s:e], parts[bisect_right(starts, s) - 1]) for s, e in spans]
+        return pieces_of(self.splitter, *render_chunks(self.template, body, fmt, ts_us))
 
     def render_output(self, output: Any, fmt: str = "anthropic") -> list[Piece]:
         return output_pieces(output, fmt)

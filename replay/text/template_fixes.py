@@ -34,8 +34,7 @@ import copy
 import json
 from typing import Any, Callable
 
-from replay.text.render_template import (ChatTemplate, Splitter, _alias_reasoning, _Read, compiled,
-                                         render_chunks, template_now)
+from replay.text.render_template import ChatTemplate, Splitter, pieces_of, render_chunks, render_messages
 from replay.text.template_messages import template_messages
 
 #: the rendering fixes ``replay whatif`` knows for a template tokenization
@@ -45,39 +44,6 @@ TEMPLATE_CAUSES = ("template_date", "template_history_rewrite")
 
 
 # --------------------------------------------------------------------------- rendering
-
-def render_message_chunks(tpl: ChatTemplate, messages: list[dict], tools: list | None, ts_us: int | None,
-                          add_generation_prompt: bool = True) -> list[tuple[str, int]]:
-    """``render_chunks`` of template-shaped ``messages`` (``template_messages``)."""
-    seen = [-1]
-    tracked = []
-    for j, m in enumerate(_alias_reasoning(copy.deepcopy(messages))):
-        t = _Read(m)
-        t._index, t._seen = j, seen
-        tracked.append(t)
-    variables = {**tpl.specials, **template_now(ts_us)}
-    gen = compiled(tpl.source).generate(messages=tracked, tools=tools, documents=None,
-                                        add_generation_prompt=add_generation_prompt, **variables)
-    return [(c, seen[0]) for c in gen if c]
-
-
-def pieces_of_chunks(splitter: Splitter, chunks: list[tuple[str, int]], origin: list[int]) -> list:
-    """The pieces (``("text", str, part)``) of rendered chunks, as
-    ``TemplateRenderer.render_request`` makes them."""
-    text = "".join(c for c, _ in chunks)
-    starts, parts, pos = [], [], 0
-    for c, j in chunks:
-        starts.append(pos)
-        parts.append(origin[j] if j >= 0 else 0)
-        pos += len(c)
-    out: list = []
-    k = 0
-    for s, e in splitter.split(text):
-        while k + 1 < len(starts) and starts[k + 1] <= s:
-            k += 1
-        out.append(("text", text[s:e], parts[k] if parts else 0))
-    return out
-
 
 class KeepHistory:
     """The ``keep-history-as-rendered`` rendering. Requests must be rendered in
@@ -91,7 +57,7 @@ class KeepHistory:
 
     def chunks(self, body: dict, fmt: str | None, ts_us: int | None) -> tuple[list[tuple[str, int]], list[int]]:
         messages, tools, origin = template_messages(body, fmt, self.tpl.reads_blocks)
-        chunks = render_message_chunks(self.tpl, messages, tools, ts_us)
+        chunks = render_messages(self.tpl, messages, tools, ts_us)
         tkey = json.dumps(tools, sort_keys=False, ensure_ascii=False, default=str)
         out: list[tuple[str, int]] = []
         done: set[int] = set()
@@ -103,7 +69,7 @@ class KeepHistory:
                 key = tkey + "\x00" + json.dumps(messages[:j + 1], ensure_ascii=False, default=str)
                 text = self.kept.get(key)
                 if text is None:
-                    first = render_message_chunks(self.tpl, messages[:j + 1], tools, ts_us, False)
+                    first = render_messages(self.tpl, messages[:j + 1], tools, ts_us, False)
                     text = self.kept[key] = "".join(x for x, i in first if i == j)
                 if text:
                     out.append((text, j))
@@ -143,16 +109,16 @@ def fixed_tok(tok, fixes, first_ts_us: int | None = None, order: list | None = N
             if isinstance(body, dict):
                 try:
                     done.setdefault(_body_key(body, fmt, ts),
-                                    pieces_of_chunks(splitter, *keep.chunks(body, fmt, when(ts))))
+                                    pieces_of(splitter, *keep.chunks(body, fmt, when(ts))))
                 except Exception:  # noqa: BLE001 - the tokenize stage sets it aside with its reason
                     pass
 
         def render(body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
             got = done.get(_body_key(body, fmt, ts_us))
-            return got if got is not None else pieces_of_chunks(splitter, *keep.chunks(body, fmt, when(ts_us)))
+            return got if got is not None else pieces_of(splitter, *keep.chunks(body, fmt, when(ts_us)))
     else:
         def render(body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
-            return pieces_of_chunks(splitter, *render_chunks(tpl, body, fmt, when(ts_us)))
+            return pieces_of(splitter, *render_chunks(tpl, body, fmt, when(ts_us)))
     out = copy.copy(tok)
     out.owns_process = False  # (it shares tok's encoder process: only tok stops it)
     out.name = f"{tok.name}+fix={','.join(sorted(fixes))}"
@@ -242,11 +208,12 @@ def _part_at(chunks: list[tuple[str, int]], origin: list[int], pos: int) -> int:
     return last
 
 
-def template_cause(tpl: ChatTemplate, body_r: dict, fmt_r: str | None, ts_r: int | None,
-                   body_c: dict, fmt_c: str | None, ts_c: int | None) -> tuple[str | None, dict]:
+def template_cause(rendered_r: tuple, rendered_c: tuple, r_at_c, body_r: dict, body_c: dict
+                   ) -> tuple[str | None, dict]:
     """The template cause of the first difference between request ``r``'s and the
-    earlier request ``c``'s rendered texts, or None (then the body-level rules
-    name it):
+    earlier request ``c``'s renderings (``rendered_*``: ``render_chunks``'s
+    ``(chunks, origin)``), or None (then the body-level rules name it);
+    ``r_at_c()``: ``r``'s chunks rendered at ``c``'s time (None: same time):
 
     ``template_date``  rendering ``r`` at ``c``'s time agrees with ``c`` beyond
         the divergence point: the differing bytes come from the template's time
@@ -257,20 +224,19 @@ def template_cause(tpl: ChatTemplate, body_r: dict, fmt_r: str | None, ts_r: int
         including it are equal in both bodies — the template rendered the same
         logged message differently (and not because of the time).
     """
-    cr, orig_r = render_chunks(tpl, body_r, fmt_r, ts_r)
-    cc, orig_c = render_chunks(tpl, body_c, fmt_c, ts_c)
+    (cr, orig_r), (cc, orig_c) = rendered_r, rendered_c
     a, b = "".join(c for c, _ in cr), "".join(c for c, _ in cc)
     cp = common_prefix(a, b)
     if cp >= min(len(a), len(b)):
         return None, {}
     info = {"char_offset": cp}
-    part = max(_part_at(cr, orig_r, cp), _part_at(cc, orig_c, cp))
-    if ts_r != ts_c:
-        a2 = "".join(c for c, _ in render_chunks(tpl, body_r, fmt_r, ts_c)[0])
+    pr, pc = _part_at(cr, orig_r, cp), _part_at(cc, orig_c, cp)
+    aligned_chunks = r_at_c()
+    if aligned_chunks is not None:
+        a2 = "".join(c for c, _ in aligned_chunks)
         aligned = common_prefix(a2, b)
         if a2 != a and aligned > cp:
             return "template_date", {**info, "aligned_char": aligned}
-    pr, pc = _part_at(cr, orig_r, cp), _part_at(cc, orig_c, cp)
-    if pr >= 2 and pc >= 2 and logged_equal_upto(body_r, body_c, part):
+    if pr >= 2 and pc >= 2 and logged_equal_upto(body_r, body_c, max(pr, pc)):
         return "template_history_rewrite", info
     return None, {}

@@ -30,7 +30,7 @@ from replay.core.times import INF_US, seconds, ttl_us
 from replay.core.walks import read_walks
 from replay.store import db
 from replay.text.renderers import TEMPLATE, render_of, request_renderer
-from replay.text.render_template import Splitter, render_text
+from replay.text.render_template import Splitter, pieces_of, render_chunks, render_text
 from replay.text.template_fixes import TEMPLATE_CAUSES, common_prefix, template_cause
 from replay.text.segids import marker_seg_id
 
@@ -204,13 +204,32 @@ class _Rendered:
                 except (TypeError, ValueError):
                     self.bodies[rid] = ({}, fmt)
         self._pieces: dict[int, list] = {}
+        self._chunks: dict[tuple[int, int | None], tuple | None] = {}
         self.template = None if tok is None else tok.template
         self.encode = None if tok is None else tok.encode
-        if self.template is not None:
-            self._render = tok.render_request  # (body, fmt, ts_us): the template's now is the request's time
+        if self.template is not None:  # (the template's now is the request's time)
+            splitter = Splitter.of_file(tok.path)
+            self._render = lambda rid: pieces_of(splitter, *self.chunks(rid))
         else:
             plain = request_renderer(render_of(db.get_meta(con, "tokenizer")))  # as tokenized
-            self._render = lambda body, fmt, ts_us=None: plain(body, fmt)
+            self._render = lambda rid: plain(*self.bodies.get(rid, ({}, "anthropic")))
+
+    def chunks(self, rid: int, ts_us: int | None = None) -> tuple:
+        """A request as the template renders it (``render_chunks``), at its own
+        time or at ``ts_us``; raises when the body cannot be rendered."""
+        key = (rid, self.times.get(rid) if ts_us is None else ts_us)
+        if key not in self._chunks:
+            b, fmt = self.bodies.get(rid, ({}, "anthropic"))
+            try:
+                self._chunks[key] = render_chunks(self.template, b, fmt, key[1])
+            except Exception:  # noqa: BLE001 - remembered as unrenderable
+                self._chunks[key] = None
+            if len(self._chunks) > 4096:
+                self._chunks.pop(next(iter(self._chunks)))
+        got = self._chunks[key]
+        if got is None:
+            raise ValueError(f"request {rid} cannot be rendered")
+        return got
 
     def text(self, rid: int) -> str:
         """The rendered text of a request (a template's pieces are all text)."""
@@ -218,10 +237,9 @@ class _Rendered:
 
     def text_at(self, rid: int, ts_us: int) -> str:
         """The rendered text of a request with the template's now at ``ts_us``."""
-        b, fmt = self.bodies.get(rid, ({}, "anthropic"))
         try:
-            return render_text(self.template, b, fmt, ts_us)
-        except Exception:  # noqa: BLE001 - unrenderable: nothing in common
+            return "".join(c for c, _ in self.chunks(rid, ts_us)[0])
+        except ValueError:  # unrenderable: nothing in common
             return ""
 
     def tokens_before(self, r, char: int) -> int:
@@ -240,17 +258,18 @@ class _Rendered:
         return int(r.cum[-1])
 
     def template_judge(self, rid: int, cid: int) -> tuple[str | None, dict]:
-        (br, fr), (bc, fc) = self.bodies[rid], self.bodies[cid]
+        ts_r, ts_c = self.times.get(rid), self.times.get(cid)
         try:
-            return template_cause(self.template, br, fr, self.times.get(rid), bc, fc, self.times.get(cid))
+            return template_cause(self.chunks(rid), self.chunks(cid),
+                                  lambda: None if ts_r == ts_c else self.chunks(rid, ts_c)[0],
+                                  self.bodies[rid][0], self.bodies[cid][0])
         except Exception:  # noqa: BLE001 - an unrenderable body: the body-level rules decide
             return None, {}
 
     def pieces(self, rid: int) -> list:
         if rid not in self._pieces:
-            b, fmt = self.bodies.get(rid, ({}, "anthropic"))
             try:
-                self._pieces[rid] = self._render(b, fmt, self.times.get(rid))
+                self._pieces[rid] = self._render(rid)
             except Exception:  # noqa: BLE001 - an unrenderable body is classified 'other'
                 self._pieces[rid] = []
             if len(self._pieces) > 4096:
