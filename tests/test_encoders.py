@@ -4,6 +4,7 @@ any disagreement is caught."""
 
 from __future__ import annotations
 
+import copy
 import gzip
 import itertools
 import json
@@ -745,3 +746,23 @@ def test_giving_memory_back_starts_no_process(monkeypatch):
     monkeypatch.setattr(subprocess.Popen, "__init__", no_process)
     monkeypatch.setattr(os, "fork", no_process)
     encoder._give_back_memory()
+
+
+def test_a_tok_nobody_closes_stops_its_process_when_collected():
+    """The encoder process's sender thread keeps the EncoderProcess alive, so the
+    Tok that started it stops it when collected; a copy that shares it does not."""
+    import gc
+
+    from replay.text.tok import load_tokenizer
+
+    tok = load_tokenizer()
+    proc = tok._proc._proc
+    twin = copy.copy(tok)
+    twin.owns_process = False
+    del twin
+    gc.collect()
+    assert tok.encode("still here") and proc.poll() is None  # the copy left it running
+    del tok
+    gc.collect()
+    proc.wait(timeout=10)  # stopped, not left until the program ends
+    assert proc.returncode is not None
