@@ -312,3 +312,60 @@ def test_the_compiled_prompt_assembly_refuses_other_than_int32_tokens():
         prompts_module._compiled_extend(tokens, [1, 2], None)
     with pytest.raises(TypeError, match="int32"):  # the previous prompt's tokens too
         prompts_module._compiled_extend(tokens, [1, 1], ([1, 1], np.array([1, 2, 1, 2], dtype=np.int64)))
+
+
+def _arrays(trie) -> dict[int, np.ndarray]:
+    """The arrays a trie's edges are views of, by identity."""
+    out, stack = {}, [trie.root]
+    while stack:
+        node = stack.pop()
+        if hasattr(node, "edge"):  # the Python trie: an edge is a view (or the array itself)
+            arr = node.edge if node.edge.base is None else node.edge.base
+        else:
+            arr = node.base
+        out[id(arr)] = arr
+        stack.extend(node.children.values())
+    return out
+
+
+def test_tries_walking_one_request_hold_one_copy_of_its_new_symbols():
+    """Memory at TTL ∞: the stream modes' tries all walk each request, and the part
+    of it they must hold (from where it leaves what they knew, to its end) is
+    copied once for all of them — not once per trie, nor the whole prompt."""
+    rng = np.random.default_rng(3)
+    history = rng.integers(0, 50, 500).astype(np.int32)
+    branches = [np.append(history, np.int32(1000 + k)) for k in range(2)]  # (a branch point at 500)
+    new = np.concatenate([history, rng.integers(50, 100, 40).astype(np.int32)])
+
+    def walked(held):
+        tries = [Trie(INF_US) for _ in range(3)]
+        for trie in tries:
+            for seq in branches:
+                trie.walk(seq, 1 * US)
+        before = [_arrays(t) for t in tries]
+        for trie in tries:
+            trie.walk(new, 2 * US, held=held)
+        return [{i: a for i, a in _arrays(t).items() if i not in b} for t, b in zip(tries, before)]
+
+    fresh = walked({})
+    assert all(len(f) == 1 for f in fresh)
+    assert fresh[0].keys() == fresh[1].keys() == fresh[2].keys()  # one array, shared
+    (arr,) = fresh[0].values()
+    assert arr.nbytes == 40 * arr.itemsize  # the new symbols only
+    # without a shared ``held``, each trie copies them for itself (as a lone walk must)
+    assert len({i for f in walked(None) for i in f}) == 3
+
+
+def test_a_split_edge_stays_a_view_and_a_late_branch_holds_only_its_own_symbols():
+    """A branch late in a long prompt keeps its own few symbols, not the prompt
+    it was cut from; splitting an edge copies nothing."""
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 50, 1000).astype(np.int32)
+    b = np.concatenate([a[:990], rng.integers(50, 100, 20).astype(np.int32)])
+    trie = Trie(INF_US)
+    trie.walk(a, 1 * US)
+    trie.walk(b, 2 * US)
+    held = sum(arr.nbytes for arr in _arrays(trie).values() if len(arr))
+    assert held == (1000 + 20) * 4
+    assert trie.walk(b, 3 * US) == [(1 * US, 1010)]
+    assert trie.walk(a, 4 * US) == [(1 * US, 990), (3 * US, 1000)]

@@ -147,8 +147,9 @@ def _read(con, passes: dict, logs: dict, seed: int, n: int) -> int:
     routers = {k: Router(k[1], k[2], seed, n) for k in passes}
     i = -1
     for i, p in enumerate(iter_prompts(con)):
+        held: dict = {}  # (the request's new symbols, copied once for all the passes)
         for k, cp in passes.items():
-            cp.add(p, routers[k](i, stream_key(k[0], p.tenant, p.key, p.session)))
+            cp.add(p, routers[k](i, stream_key(k[0], p.tenant, p.key, p.session)), held)
         for builder in logs.values():
             builder.add(p)
     return i + 1

@@ -62,6 +62,35 @@ cdef int64_t _EMPTY_SYMBOL = 0
 cdef int64_t INF_US = 9223372036854775807  # replay.core.times.INF_US
 
 
+cdef class Tails:
+    """:class:`replay.core.trie.PythonTails`, compiled: the part of each walked
+    sequence the tries hold, copied once and shared by every trie walking it."""
+    cdef dict _held       # id(seq) -> [seq, lo, copy of seq[lo:] (seq itself when lo == 0)]
+    cdef dict _converted  # id(given) -> (given, its symbols as a contiguous int32/int64 array)
+
+    def __cinit__(self):
+        self._held = {}
+        self._converted = {}
+
+    def symbols(self, seq):
+        """``seq`` as a C-contiguous int32 or int64 array: itself when it is one,
+        else one conversion shared by the tries walking it."""
+        got = self._converted.get(id(seq))
+        if got is not None and got[0] is seq:
+            return got[1]
+        arr = _as_symbols(seq)
+        if arr is not seq:
+            self._converted[id(seq)] = (seq, arr)
+        return arr
+
+    cdef tuple take(self, object seq, Py_ssize_t start):
+        cdef list got = self._held.get(id(seq))
+        if got is None or got[0] is not seq or start < <Py_ssize_t> got[1]:
+            got = [seq, start, seq if start == 0 else seq[start:].copy()]
+            self._held[id(seq)] = got
+        return got[2], got[1]
+
+
 cdef class Node:
     """A node: its edge (``length`` symbols of ``base`` from ``start``), children
     by first symbol, last-used time."""
@@ -70,7 +99,6 @@ cdef class Node:
     cdef bint wide               # int64 symbols (else int32)
     cdef Py_ssize_t start
     cdef Py_ssize_t length
-    cdef Py_ssize_t base_len     # len(base)
     cdef public dict children
     cdef public int64_t last_used
     cdef public int64_t owner         # the last request that walked through it (walks with an owner)
@@ -79,22 +107,21 @@ cdef class Node:
         self.children = {}
 
     cdef int _set(self, object base, const char* data, bint wide, Py_ssize_t start, Py_ssize_t length) except -1:
+        """The edge: ``length`` symbols of ``base`` (an array the trie owns) from ``start``."""
         self.base = base
         self.data = data
         self.wide = wide
         self.start = start
         self.length = length
-        self.base_len = len(base)
-        if length < self.base_len:
-            # an edge that is part of a longer array would keep all of it alive
-            # (a leaf branching off late in a long prompt holds the whole
-            # prompt): copy it, so the trie holds its own symbols and no more
-            # (copying is one memcpy of the trie's content over the whole log)
-            self.base = base[start:start + length].copy()
-            self.data = _data(self.base)
-            self.start = 0
-            self.base_len = length
         return 0
+
+    cdef int _own(self, Tails tails, object seq, Py_ssize_t start, Py_ssize_t length) except -1:
+        """The edge: ``seq[start:start + length]`` of the walked sequence, held as
+        part of ``tails``' copy of it (shared by every trie that walks ``seq``)."""
+        cdef object arr
+        cdef Py_ssize_t lo
+        arr, lo = tails.take(seq, start)
+        return self._set(arr, _data(arr), arr.dtype.itemsize == 8, start - lo, length)
 
     cdef inline const char* ptr(self, Py_ssize_t offset):
         return self.data + (self.start + offset) * (8 if self.wide else 4)
@@ -176,21 +203,29 @@ cdef class Trie:
         self._ends[k] = end
         return 0
 
-    def walk(self, seq, int64_t t, insert=None, cum=None, Py_ssize_t known=0, owner=None):
+    def walk(self, seq, int64_t t, insert=None, cum=None, Py_ssize_t known=0, owner=None, dict held=None):
         """See :meth:`replay.core.trie.PythonTrie.walk`."""
         cdef bint owned = owner is not None
         cdef int64_t own = owner if owned else -1
+        cdef Tails tails
         if self.horizon < INF_US and (not self._pruned or t - self._last_prune > self.horizon // 2):
             self.prune(t)
-        seq = _as_symbols(seq)
-        steps = self._descend(seq, t, True, known, owned, own)
+        if held is None:
+            tails = Tails()
+        else:
+            tails = held.get(Tails)
+            if tails is None:
+                tails = held[Tails] = Tails()
+        seq = tails.symbols(seq)
+        steps = self._descend(seq, t, True, known, owned, own, tails)
         if insert is not None and len(insert) > len(seq):
-            self._descend(_as_symbols(insert), t, False, len(seq), owned, own)
+            self._descend(tails.symbols(insert), t, False, len(seq), owned, own, tails)
         if cum is not None:
             steps = [(st[0], int(cum[st[1]]), *st[2:]) for st in steps]
         return steps
 
-    cdef list _descend(self, object seq, int64_t t, bint record, Py_ssize_t known, bint owned, int64_t own):
+    cdef list _descend(self, object seq, int64_t t, bint record, Py_ssize_t known, bint owned, int64_t own,
+                       Tails tails):
         cdef list steps = []
         cdef Node node = self.root, child, mid, leaf
         cdef Py_ssize_t pos = 0, n = len(seq), matched, le, k, skip
@@ -235,7 +270,8 @@ cdef class Trie:
                     steps.append((gap, pos + matched))
                     last_gap, have_step = gap, True
             if matched < le:
-                # the match ends inside the edge: split it
+                # the match ends inside the edge: split it (both parts stay views of
+                # the array the trie holds already)
                 mid = _node(child.base, child.data, child.wide, child.start, matched, child.last_used, child.owner)
                 child._set(child.base, child.data, child.wide, child.start + matched, le - matched)
                 mid.children[_at(child.ptr(0), child.wide, 0)] = child
@@ -253,15 +289,17 @@ cdef class Trie:
             found = PyDict_GetItem(node.children, first)
             if found != NULL:  # idle past the horizon, not yet pruned
                 self.nodes -= _count(<Node> found)
-            leaf = _node(seq, s, wide, pos, n - pos, t)
+            leaf = Node.__new__(Node)
+            leaf._own(tails, seq, pos, n - pos)
+            leaf.last_used = t
+            leaf.owner = -1
             node.children[first] = leaf
             self.nodes += 1
             self._push(leaf, pos, n)
-        self._refresh_and_merge(seq, s, wide, t, own)
+        self._refresh_and_merge(seq, tails, t, own)
         return steps
 
-    cdef int _refresh_and_merge(self, object seq, const char* data, bint wide, int64_t t,
-                                int64_t own) except -1:
+    cdef int _refresh_and_merge(self, object seq, Tails tails, int64_t t, int64_t own) except -1:
         """Set last-used = t (and the owner) along the path, merging single-child chains."""
         cdef list path = self._path
         cdef Py_ssize_t i = 0, j, m = len(path), start, end
@@ -281,7 +319,7 @@ cdef class Trie:
                 self.nodes -= 1
                 j += 1
             if j > i:
-                head._set(seq, data, wide, start, end - start)
+                head._own(tails, seq, start, end - start)
             i = j + 1
         return 0
 

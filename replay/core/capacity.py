@@ -206,8 +206,9 @@ class CapacityPass:
         self._recorders = [[_recorder(b) for b in self.blocks] for _ in range(replicas)]
         self._tokens, self._replica = array("q"), array("q")
 
-    def add(self, p: Prompt, replica: int) -> None:
-        """Walk one request on its replica (requests must come in processing order)."""
+    def add(self, p: Prompt, replica: int, held: dict | None = None) -> None:
+        """Walk one request on its replica (requests must come in processing order);
+        ``held``: the request's, shared by every pass that walks it (``Trie.walk``)."""
         caches = self._tries[replica]
         key = (stream_key(self.mode, p.tenant, p.key, p.session), p.model)
         trie = caches.get(key)
@@ -215,7 +216,7 @@ class CapacityPass:
             trie = caches[key] = Trie(self.horizon)
         me = self._count[replica]
         self._count[replica] += 1
-        steps = trie.walk(p.symbols, p.ts, cum=p.cum, owner=me)
+        steps = trie.walk(p.symbols, p.ts, cum=p.cum, owner=me, held=held)
         for rec in self._recorders[replica]:
             rec.add(steps, p.n_tokens)
         self._tokens.append(p.n_tokens)

@@ -88,6 +88,7 @@ def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flus
             last_sweep = p.ts
             _prune_all(tries, p.ts)
         me = writers.code(p.tenant, p.session)
+        held: dict = {}  # (the request's new symbols, copied once for all its tries)
         for v in variants:
             insert = None
             if v == "prompt+output" and p.output is not None and len(p.output):
@@ -99,7 +100,7 @@ def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flus
                 if trie is None:
                     trie = caches[(s, p.model)] = Trie(horizon)
                 steps = trie.walk(p.symbols, p.ts, insert=insert, cum=p.cum, known=_known(p, m, s, horizon),
-                                  owner=me)
+                                  owner=me, held=held)
                 out[(v, m)].append((p.request_id, s, p.model, p.ts, p.n_tokens, *writers.split(steps, me)))
         if progress is not None:
             progress.update(1)

@@ -126,7 +126,8 @@ class SampledPass:
         self._tokens, self._replica = array("q"), array("q")
         self._recent: OrderedDict = OrderedDict()  # conversation -> its latest prompt's unsalted prefix hashes
 
-    def add(self, p: Prompt, replica: int) -> None:
+    def add(self, p: Prompt, replica: int, held: dict | None = None) -> None:
+        """(``held``: the exact pass's, unused here: a sampled pass holds no trie.)"""
         i = len(self._tokens)
         self._tokens.append(p.n_tokens)
         self._replica.append(replica)

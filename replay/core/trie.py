@@ -23,10 +23,15 @@ points rather than prompt length:
   compiled trie, ``replay/_trie.pyx``, the class ``Trie`` names when it is
   built), and
 * after a walk every node on the path has last-used == t, so a path node with
-  a single child is merged with that child. The merged edge is a view into the
-  current request's own array (which holds the whole path), so nothing is copied.
-  A conversation that grows turn after turn therefore stays one long edge
-  instead of a chain of one node per turn.
+  a single child is merged with that child. A conversation that grows turn
+  after turn therefore stays one long edge instead of a chain of one node per
+  turn.
+
+Memory: an edge is a view of an array the trie holds. A new leaf or a merged
+edge is the request's symbols from the edge's start to its end, copied once
+per request and shared by every trie that walks it (``held``, see
+:class:`PythonTails`: the four stream modes hold one copy, not four); the two
+parts of a split edge stay views of the array they were part of.
 
 Symbols are int64. Text prompts use token ids; block traces (Mooncake) use block
 ids (made negative so they never meet token ids) and carry the token length of
@@ -41,25 +46,41 @@ import numpy as np
 
 from replay.core.times import INF_US
 
-__all__ = ["Trie", "PythonTrie", "COMPILED", "common_prefix_len"]
+__all__ = ["Trie", "PythonTrie", "PythonTails", "COMPILED", "common_prefix_len"]
 
 
-def _own(edge: np.ndarray) -> np.ndarray:
-    """``edge``, copied when it is part of a longer array: it would keep all of it
-    alive (a leaf branching off late in a long prompt holds the whole prompt), so
-    the trie holds its own symbols and no more."""
-    base = edge.base
-    if base is None:
-        return edge
-    size = base.nbytes if isinstance(base, np.ndarray) else memoryview(base).nbytes
-    return edge.copy() if edge.nbytes < size else edge
+class PythonTails:
+    """The part of each walked sequence the tries hold, copied once and shared by
+    every trie that walks it (kept in the request's ``held``: ``Trie.walk(..., held=)``).
+
+    A new leaf or a merged edge is a part of the walked sequence, most of which
+    (the conversation so far) the trie holds already: holding the whole sequence
+    for it would keep all of that twice, so the part from the edge's start to
+    the end is copied — once per request, however many tries (stream modes,
+    variants, replicas) walk it; their edges are views of that copy. A split
+    edge's two parts stay views of the array it was part of."""
+
+    def __init__(self):
+        self._held: dict[int, list] = {}  # id(seq) -> [seq, lo, seq[lo:] (seq itself when lo == 0)]
+
+    def symbols(self, seq):
+        return seq if isinstance(seq, np.ndarray) else np.asarray(seq, dtype=np.int64)
+
+    def take(self, seq: np.ndarray, start: int, end: int) -> np.ndarray:
+        """``seq[start:end]``, as a view of the shared copy."""
+        got = self._held.get(id(seq))
+        if got is None or got[0] is not seq or start < got[1]:
+            got = [seq, start, seq if start == 0 else seq[start:].copy()]
+            self._held[id(seq)] = got
+        lo = got[1]
+        return got[2][start - lo:end - lo]
 
 
 class _Node:
     __slots__ = ("edge", "children", "last_used", "owner")
 
     def __init__(self, edge: np.ndarray, last_used: int, owner: int = -1):
-        self.edge = _own(edge)
+        self.edge = edge
         self.children: dict[int, _Node] = {}
         self.last_used = last_used
         self.owner = owner  # the last request that walked through it (walks with an owner)
@@ -93,7 +114,8 @@ class PythonTrie:
 
     # ---- the walk -------------------------------------------------------
     def walk(self, seq: np.ndarray, t: int, insert: np.ndarray | None = None,
-             cum: np.ndarray | None = None, known: int = 0, owner: int | None = None) -> list[tuple]:
+             cum: np.ndarray | None = None, known: int = 0, owner: int | None = None,
+             held: dict | None = None) -> list[tuple]:
         """Walk ``seq`` at time ``t``; return its steps and insert it.
 
         ``insert`` (a sequence starting with ``seq``, e.g. prompt + output) is
@@ -107,17 +129,24 @@ class PythonTrie:
         on the path records it, and each step is (gap, depth, owner of that part
         of the path), parts with another owner kept apart even at the same gap —
         what the capacity pass needs (``replay.core.capacity``).
+
+        ``held``: a dict per request, shared by every trie that walks it, in
+        which they keep the one copy of its symbols they all hold (its
+        :class:`PythonTails`; None: a copy for this walk alone).
         """
         if self.horizon < INF_US and (self._last_prune is None or t - self._last_prune > self.horizon // 2):
             self.prune(t)
-        steps = self._descend(seq, t, record=True, known=known, owner=owner)
+        tails = PythonTails() if held is None else held.setdefault(PythonTails, PythonTails())
+        seq = tails.symbols(seq)
+        steps = self._descend(seq, t, tails, record=True, known=known, owner=owner)
         if insert is not None and len(insert) > len(seq):
-            self._descend(insert, t, record=False, known=len(seq), owner=owner)  # seq is a path now
+            # seq is a path now
+            self._descend(tails.symbols(insert), t, tails, record=False, known=len(seq), owner=owner)
         if cum is not None:
             steps = [(s[0], int(cum[s[1]]), *s[2:]) for s in steps]
         return steps
 
-    def _descend(self, seq: np.ndarray, t: int, record: bool, known: int = 0,
+    def _descend(self, seq: np.ndarray, t: int, tails: PythonTails, record: bool, known: int = 0,
                  owner: int | None = None) -> list[tuple]:
         steps: list[tuple] = []
         path: list[tuple[_Node, int, int]] = []  # (node, start depth, end depth) below root
@@ -148,9 +177,9 @@ class PythonTrie:
                 else:
                     steps.append((gap, pos + matched))
             if matched < len(edge):
-                # the match ends inside the edge: split it
+                # the match ends inside the edge: split it (both parts views of its array)
                 mid = _Node(edge[:matched], child.last_used, child.owner)
-                child.edge = _own(edge[matched:])
+                child.edge = edge[matched:]
                 mid.children[int(child.edge[0])] = child
                 node.children[int(seq[pos])] = mid
                 self.nodes += 1
@@ -164,14 +193,14 @@ class PythonTrie:
             stale = node.children.get(int(seq[pos]))
             if stale is not None:  # idle past the horizon, not yet pruned
                 self.nodes -= _count(stale)
-            leaf = _Node(seq[pos:], t)
+            leaf = _Node(tails.take(seq, pos, n), t)
             node.children[int(seq[pos])] = leaf
             self.nodes += 1
             path.append((leaf, pos, n))
-        self._refresh_and_merge(path, seq, t, -1 if owner is None else owner)
+        self._refresh_and_merge(path, seq, tails, t, -1 if owner is None else owner)
         return steps
 
-    def _refresh_and_merge(self, path, seq: np.ndarray, t: int, owner: int) -> None:
+    def _refresh_and_merge(self, path, seq: np.ndarray, tails: PythonTails, t: int, owner: int) -> None:
         """Set last-used = t (and the owner) along the path, merging single-child chains."""
         i = 0
         while i < len(path):
@@ -187,7 +216,7 @@ class PythonTrie:
                 self.nodes -= 1
                 j += 1
             if j > i:
-                head.edge = _own(seq[start:end])
+                head.edge = tails.take(seq, start, end)
             i = j + 1
 
     # ---- memory ---------------------------------------------------------
