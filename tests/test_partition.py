@@ -8,6 +8,7 @@ length, gaps, depths and origins — in the same order.
 
 import itertools
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from replay import api
 from replay.core import partition
 from replay.core.grid import Grid
-from replay.core.prompts import Prompt, iter_prompts
+from replay.core.prompts import Prompt, SegmentStore, iter_prompts
 from replay.core.replay import replay_prompts, store_walks
 from replay.core.streams import MODES
 from replay.core.sweep import sweep
@@ -53,9 +54,10 @@ def prompts_of(reqs, ms: bool = False):
     return out
 
 
-def same(prompts, modes, variants, horizon, parts, depth):
+def same(prompts, modes, variants, horizon, parts, depth, segments=None):
     want = replay_prompts(prompts, modes, variants, horizon)
-    got = partition.replay_partitioned(prompts, modes, variants, horizon, parts=parts, depth=depth)
+    got = partition.replay_partitioned(prompts, modes, variants, horizon, parts=parts, depth=depth,
+                                       segments=segments)
     for key in want:
         if key != "_nodes":
             assert got[key] == want[key], (key, parts, depth, horizon)
@@ -143,6 +145,22 @@ def test_sample_partitioned_equals_single_pass(sample_con, parts, depth):
         same(prompts, MODES, VARIANTS, horizon, parts, depth)
 
 
+@pytest.mark.parametrize("parts,depth", [(2, 1), (4, 64)])
+def test_light_tasks_assembled_from_segments_equal_single_pass(sample_con, parts, depth):
+    """A light plan (what the Ray engine ships): text prompts carry segment ids,
+    not tokens, and each task assembles them again from the segment store."""
+    prompts = list(iter_prompts(sample_con, with_output=True))
+    segments = SegmentStore(sample_con)
+    for horizon in (INF_US, 300 * US):
+        same(prompts, MODES, VARIANTS, horizon, parts, depth, segments)
+    pl = partition.plan(prompts, MODES, parts, depth, travel_light=True)
+    for t in pl.tasks:
+        light = t.name != f"global/{partition.SHALLOW}"
+        assert all((p.symbols is None) == light for p in t.prompts), t.name
+    full = sum(len(pickle.dumps(t)) for t in partition.plan(prompts, MODES, parts, depth).tasks)
+    assert sum(len(pickle.dumps(t)) for t in pl.tasks) < full / 5
+
+
 def test_mooncake_slice_partitioned_equals_single_pass(shared_data, tmp_path):
     """A block trace (negative block ids, token depths via cum): K in blocks."""
     src = shared_data / "mooncake" / "conversation_trace.jsonl"
@@ -154,6 +172,7 @@ def test_mooncake_slice_partitioned_equals_single_pass(shared_data, tmp_path):
     prompts = list(iter_prompts(con))
     for parts, depth in ((3, 1), (4, 2), (5, 6)):
         same(prompts, MODES, ("prompt",), INF_US, parts, depth)
+    same(prompts, MODES, ("prompt",), INF_US, 3, 2, SegmentStore(con))  # (block traces travel whole)
     same(prompts, ("global",), ("prompt",), 60 * US, 4, 2)
     con.close()
 

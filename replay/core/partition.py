@@ -85,6 +85,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from replay.core.prompts import SegmentStore, light, restored
 from replay.core.replay import replay_prompts
 from replay.core.streams import MODES, check_modes, stream_key
 from replay.core.times import INF_US
@@ -131,8 +132,9 @@ def global_key_symbols(p, depth: int) -> np.ndarray:
     return np.concatenate([s, p.output[:depth - len(s)].astype(s.dtype, copy=False)])
 
 
-def shallow_prompt(p, depth: int):
-    """``p`` cut to its first ``depth`` symbols: walks ``P[:K]``, inserts ``I[:K]``."""
+def shallow_prompt(p, depth: int, own: bool = False):
+    """``p`` cut to its first ``depth`` symbols: walks ``P[:K]``, inserts ``I[:K]``
+    (``own``: copies of them, not views that keep the whole prompt alive)."""
     s = p.symbols
     if len(s) >= depth:
         out = None
@@ -140,13 +142,22 @@ def shallow_prompt(p, depth: int):
         out = p.output
     else:
         out = p.output[:depth - len(s)]
-    return dataclasses.replace(p, symbols=s[:depth], cum=None if p.cum is None else p.cum[:depth + 1],
-                               output=out, shared=min(p.shared, depth))
+    cut, cum = s[:depth], None if p.cum is None else p.cum[:depth + 1]
+    if own:
+        cut, cum, out = (None if x is None else x.copy() for x in (cut, cum, out))
+    return dataclasses.replace(p, symbols=cut, cum=cum, output=out, shared=min(p.shared, depth),
+                               seg_ids=None, output_seg_ids=None)
 
 
-def plan(prompts, modes=MODES, parts: int = DEFAULT_PARTITIONS, depth: int = DEFAULT_DEPTH) -> Plan:
+def plan(prompts, modes=MODES, parts: int = DEFAULT_PARTITIONS, depth: int = DEFAULT_DEPTH,
+         travel_light: bool = False) -> Plan:
     """Split ``prompts`` (processing order) into the tasks of ``modes``: ``parts``
-    partitions per mode, plus the shallow task of the global mode."""
+    partitions per mode, plus the shallow task of the global mode.
+
+    ``travel_light``: the tasks hold text prompts without their tokens
+    (``replay.core.prompts.light``: :func:`run_task` assembles them again from
+    the segments), so the plan of a week holds segment ids, not the week's
+    tokens, and a task ships a few bytes a segment."""
     modes = check_modes(modes)
     if parts < 1 or depth < 1:
         raise ValueError("partitions and partition depth must be at least 1")
@@ -155,21 +166,23 @@ def plan(prompts, modes=MODES, parts: int = DEFAULT_PARTITIONS, depth: int = DEF
     order: dict[int, int] = {}
     boundary: dict[int, int] = {}
     last_part: dict[tuple, int] = {}  # global: (tenant, session or key) -> partition of its latest text prompt
+    keep = light if travel_light else (lambda p: p)
     for i, p in enumerate(prompts):
         order[p.request_id] = i
+        kept = keep(p)
         for m in modes:
             if m != "global":
-                tasks[m][_digest(stream_key(m, p.tenant, p.key, p.session)) % parts].prompts.append(p)
+                tasks[m][_digest(stream_key(m, p.tenant, p.key, p.session)) % parts].prompts.append(kept)
                 continue
             k = _digest(p.model, global_key_symbols(p, depth)) % parts
-            q = p
+            q = kept
             if p.cum is None:  # a text prompt: iter_prompts' conversation bookkeeping
                 conv = (p.tenant, p.session or p.key)
                 if p.shared and last_part.get(conv) != k:
-                    q = dataclasses.replace(p, shared=0)  # its previous prompt went to another trie
+                    q = dataclasses.replace(kept, shared=0)  # its previous prompt went to another trie
                 last_part[conv] = k
             tasks[m][k].prompts.append(q)
-            shallow.prompts.append(shallow_prompt(p, depth))
+            shallow.prompts.append(shallow_prompt(p, depth, own=travel_light))
             if len(p.symbols) > depth:
                 boundary[p.request_id] = int(p.cum[depth]) if p.cum is not None else depth
     flat = [t for m in modes for t in tasks[m] if t.prompts]
@@ -178,9 +191,11 @@ def plan(prompts, modes=MODES, parts: int = DEFAULT_PARTITIONS, depth: int = DEF
     return Plan(modes, parts, depth, flat, order, boundary)
 
 
-def run_task(task: Task, variants=("prompt",), horizon_us: int = INF_US) -> dict:
-    """One task's rows per (variant, mode) (``replay_prompts``' result, ``_nodes`` included)."""
-    return replay_prompts(task.prompts, (task.mode,), tuple(variants), int(horizon_us))
+def run_task(task: Task, variants=("prompt",), horizon_us: int = INF_US, segments: SegmentStore | None = None) -> dict:
+    """One task's rows per (variant, mode) (``replay_prompts``' result, ``_nodes``
+    included); ``segments`` give back the tokens of a light plan's prompts."""
+    prompts = task.prompts if segments is None else restored(task.prompts, segments)
+    return replay_prompts(prompts, (task.mode,), tuple(variants), int(horizon_us))
 
 
 def splice(shallow_row, part_row, kt: int):
@@ -227,13 +242,15 @@ def finish(plan_: Plan, task: Task, result: dict, shallow: dict | None) -> dict:
 
 
 def replay_partitioned(prompts, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
-                       parts: int = DEFAULT_PARTITIONS, depth: int = DEFAULT_DEPTH) -> dict:
+                       parts: int = DEFAULT_PARTITIONS, depth: int = DEFAULT_DEPTH,
+                       segments: SegmentStore | None = None) -> dict:
     """:func:`replay.core.replay.replay_prompts`' result (without a sink), computed
     partition by partition in this process: the same rows in the same order
     (processing order); ``_nodes`` sums the partitions' tries (the shallow one
-    included), so it is not the single pass's count."""
-    pl = plan(prompts, modes, parts, depth)
-    results = {t.name: run_task(t, variants, horizon_us) for t in pl.tasks}
+    included), so it is not the single pass's count. ``segments``: plan light
+    and assemble each task's prompts from them, as the Ray engine does."""
+    pl = plan(prompts, modes, parts, depth, travel_light=segments is not None)
+    results = {t.name: run_task(t, variants, horizon_us, segments) for t in pl.tasks}
     shallow = shallow_rows(results[f"global/{SHALLOW}"]) if "global" in pl.modes else None
     merged: dict = {(v, m): [] for v in variants for m in pl.modes}
     nodes: dict[str, int] = {}

@@ -11,6 +11,7 @@ set aside by the tokenize stage (unrenderable) are not replayed.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections import OrderedDict
@@ -57,6 +58,40 @@ class Prompt:
     previous: tuple[int, str | None, str | None, str | None] | None = None
     # block traces: the tokens of each whole block (None: chunks of varying length)
     block: int | None = None
+    # text prompts: the segments the symbols (and output) are made of, in order —
+    # what a prompt sent to another process carries instead of its tokens (light)
+    seg_ids: np.ndarray | None = None
+    output_seg_ids: np.ndarray | None = None
+
+
+def light(p: Prompt) -> Prompt:
+    """``p`` without its tokens when its segments give them back (:func:`restored`):
+    a partition shipped to a worker carries segment ids, a few bytes a segment,
+    instead of every prompt's whole conversation again."""
+    if p.seg_ids is None:
+        return p
+    return dataclasses.replace(p, symbols=None, output=None)
+
+
+def restored(prompts, segs: "SegmentStore") -> Iterator[Prompt]:
+    """The prompts (in order) with the tokens :func:`light` left out, assembled
+    from ``segs`` one at a time as they are walked, each conversation's from its
+    previous prompt as ``iter_prompts`` does."""
+    last: OrderedDict = OrderedDict()
+    for p in prompts:
+        if p.symbols is not None:
+            yield p
+            continue
+        ids = p.seg_ids.tolist()
+        conv = (p.tenant, p.session or p.key)
+        symbols, _ = segs.extend(ids, last.get(conv))
+        last[conv] = (ids, symbols)
+        last.move_to_end(conv)
+        if len(last) > RECENT_CONVERSATIONS:
+            last.popitem(last=False)
+        out = p.output_seg_ids
+        yield dataclasses.replace(p, symbols=symbols,
+                                  output=segs.concat(out.tolist()) if out is not None and len(out) else None)
 
 
 def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,15 +135,20 @@ def trace_blocks(p: "Prompt", b: int) -> tuple[int, int]:
 
 
 class SegmentStore:
-    """seg_id -> token array, loaded once from the `segments` table."""
+    """seg_id -> token array, loaded once from the `segments` table (or an Arrow
+    table of its ``seg_id`` and ``tokens``: :meth:`table`)."""
 
-    def __init__(self, con):
-        tbl = db.arrow(con, "SELECT seg_id, tokens FROM segments")
+    def __init__(self, con=None, table: pa.Table | None = None):
+        tbl = self.table(con) if table is None else table
         toks = tbl.column("tokens").combine_chunks()
         offsets = toks.offsets.to_numpy()
         values = toks.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
         self._tokens: dict[int, np.ndarray] = {
             sid: values[offsets[i]:offsets[i + 1]] for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist())}
+
+    @staticmethod
+    def table(con) -> pa.Table:
+        return db.arrow(con, "SELECT seg_id, tokens FROM segments")
 
     def tokens(self, seg_id: int) -> np.ndarray:
         return self._tokens[seg_id]
@@ -182,12 +222,14 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
         for k, rid in enumerate(meta["request_id"]):
             ts, key, session, model = (meta[c][k] for c in ("ts_us", "prompt_cache_key", "session", "model"))
             output, shared, previous, cum, block = None, 0, None, None, None
+            seg_row = out_row = None  # (text prompts only)
             if cols["block_ids"][k] is not None:
                 symbols, cum, block = block_symbols(cols["block_ids"][k], cols["block_lengths"][k],
                                                     int(meta["input_length"][k] or 0))
                 n = max(int(cum[-1]), int(meta["input_length"][k] or 0))
             else:
-                ids = _or_empty(cols["seg_ids"][k]).tolist()
+                seg_row = _or_empty(cols["seg_ids"][k])
+                ids = seg_row.tolist()
                 conv = (meta["tenant"][k], session or key)
                 before = last.get(conv)
                 symbols, shared = segs.extend(ids, before and before[:2])
@@ -199,11 +241,11 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                 if len(last) > RECENT_CONVERSATIONS:
                     last.popitem(last=False)
                 n = len(symbols)
-                out_ids = _or_empty(cols["output_seg_ids"][k]).tolist()
-                if len(out_ids):
-                    output = segs.concat(out_ids)
+                out_row = cols["output_seg_ids"][k]
+                if out_row is not None and len(out_row):
+                    output = segs.concat(out_row.tolist())
             yield Prompt(rid, ts, meta["tenant"][k], key, session, symbols, cum, output, n, model,
-                         shared, previous, block)
+                         shared, previous, block, seg_row, out_row)
 
 
 _EMPTY = np.zeros(0, dtype=np.int64)

@@ -1,16 +1,18 @@
 """The replay's partitions as Ray tasks (``--engine ray``).
 
 The driver reads the prompts from DuckDB (``iter_prompts``: the same prompts,
-in the same order, as the single pass), splits them into the tasks of
-``replay.core.partition.plan`` and ships each task *its prompts* as the task's
-argument (through Ray's object store). Why not request ids + Parquet on shared
-storage: the prompts are assembled in the driver from content-addressed
-segments and the conversation's previous prompt (the ``shared`` counts the
-partition plan adjusts), the DuckDB file is locked by the driver's connection,
-and a local or single-node cluster has no shared storage to speak of; shipping
-the arrays costs one serialization of the tokens, which the replay itself
-dwarfs. (A cluster reading logs from object storage would export each
-partition's prompts to Parquet instead; the tasks would not change.)
+in the same order, as the single pass) and splits them into the tasks of
+``replay.core.partition.plan`` — *light*: a text prompt keeps its segment ids,
+not its tokens. The segments table (every unique token once) goes to Ray's
+object store once, as an Arrow table; each worker builds its segment store
+from it once (per replay) and assembles a task's prompts again as it walks
+them, as the driver would. So the driver holds the log's segment ids rather
+than its tokens, and a task ships a few bytes a segment instead of each
+prompt's whole conversation (the day's tasks: ~500 MB of tokens before).
+Why not request ids + Parquet on shared storage: the DuckDB file is locked by
+the driver's connection, and a local or single-node cluster has no shared
+storage to speak of. (A cluster reading logs from object storage would export
+each partition's prompts to Parquet instead; the tasks would not change.)
 
 Every task runs ``partition.run_task``; the driver turns each result into final
 rows (``partition.finish``: the global partitions spliced with the shallow
@@ -41,16 +43,31 @@ import time
 
 from replay.core import partition
 from replay.distributed import DistributedReplayFailed
-from replay.core.prompts import iter_prompts
+from replay.core.prompts import SegmentStore, iter_prompts
 
 FAULT_ENV = "REPLAY_RAY_FAULT"
 DEFAULT_RETRIES = 3
 
 
-def _run(task: partition.Task, variants, horizon_us: int, fault: str | None):
+_SEGMENTS: dict = {}  # (in a worker) the segment store of the replay being run, by its object id
+
+
+def _run(task: partition.Task, variants, horizon_us: int, segments: list, fault: str | None):
     if fault:
         _inject(fault, task.name)
-    return partition.run_task(task, variants, horizon_us)
+    return partition.run_task(task, variants, horizon_us, _segment_store(segments[0]))
+
+
+def _segment_store(ref) -> SegmentStore:
+    """The store of the segments table ``ref`` names (an object ref, wrapped in a
+    list so Ray does not resolve it for every task), built once per worker."""
+    import ray
+
+    key = ref.hex()
+    if key not in _SEGMENTS:
+        _SEGMENTS.clear()  # (one replay's at a time)
+        _SEGMENTS[key] = SegmentStore(table=ray.get(ref))
+    return _SEGMENTS[key]
 
 
 def _inject(fault: str, name: str) -> None:
@@ -125,13 +142,14 @@ class RayEngine:
         ray = self.start()
         parts = self.partitions or max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
         plan = partition.plan(iter_prompts(con, with_output="prompt+output" in variants), modes, parts,
-                              self.depth)
+                              self.depth, travel_light=True)
+        segments = [ray.put(SegmentStore.table(con))]
         fault = os.environ.get(FAULT_ENV) or None
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(_run)
         variants = tuple(variants)
         pending = {}
         for t in plan.tasks:
-            ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), fault)
+            ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), segments, fault)
             pending[ref] = t
             t.prompts = []  # (shipped: the driver need not hold them any more)
         shallow_name = f"global/{partition.SHALLOW}"
