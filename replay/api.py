@@ -48,6 +48,7 @@ from replay.providers.economics import get_price, logged_price_model  # noqa: F4
 from replay.providers.auto import AUTO, describe as describe_auto  # noqa: F401
 from replay.providers.catalog import model_family  # noqa: F401
 from replay.providers.model_savings import auto_frame, model_savings, savings_section  # noqa: F401
+from replay.readers.files import InputUnreachable  # noqa: F401
 from replay.readers.formats import FORMATS, TIME_UNITS  # noqa: F401
 from replay.readers.ingest import IngestSummary, summary_text  # noqa: F401
 from replay.readers.ingest import ingest as _ingest

@@ -152,7 +152,7 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
                                        "(run from the project root, or `replay synth data/sample`)")
         logs = (SAMPLE,)
         name = name or "sample"
-    name = name or Path(logs[0].rstrip("/")).stem.split(".")[0] or "report"
+    name = name or Path(logs[0].partition("?")[0].rstrip("/")).stem.split(".")[0] or "report"  # (a URI's query)
     name = name if _is_plain(name) else "report"
     if fresh:
         api.remove_db(db_path)

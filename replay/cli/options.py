@@ -219,6 +219,8 @@ def load_logs(con, logs, fmt, fields, time_unit, quiet=False, tokenizer=None, re
         try:
             summary = api.ingest(con, logs, format=fmt, fields=fields, time_unit=time_unit, progress=not quiet,
                                  tokenizer=tokenizer)
+        except api.InputUnreachable as e:  # a bucket that cannot be asked: not a usage error, exit 1
+            raise click.ClickException(str(e)) from None
         except FileNotFoundError as e:  # a path or glob typed wrong: usage, exit 2
             raise click.UsageError(f"{e.args[0] if e.args else e} (give log files, directories or globs)") from None
         except PermissionError as e:

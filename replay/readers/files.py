@@ -4,22 +4,31 @@
 (gzip/zstd recognised by magic bytes); JSONL lines and parquet rows come out
 as (unit number, parsed record or `Reject`). An error while *reading* (not
 while converting) becomes `ReadError`: ingest then rejects the whole file.
+
+A path with a URI scheme (``s3://bucket/logs/``, ``gs://…``, ``file:///…``) is
+read through its pyarrow filesystem (``FileSystem.from_uri``), listed, globbed
+and filtered as a local path is; a plain path is read with the builtin `open`
+(the hot path, unchanged). See docs/remote-inputs.md.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import gzip
 import hashlib
 import io
 import json
 import os
+import re
 import zlib
 from typing import Any, Iterable, Iterator
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
+from pyarrow import fs as pafs
 
 from replay.readers.fields import Reject
 from replay.store.jsontext import JSONDecodeError, loads_fast, strip_nulls
@@ -62,7 +71,8 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
     files — the Hadoop/Spark convention); files named explicitly or
     matched by a glob are taken whatever their name. A path that does not exist,
     a glob that matches nothing or a directory holding no log file raises
-    FileNotFoundError.
+    FileNotFoundError. A URI (``s3://bucket/logs/``, ``file:///…``) is expanded
+    the same way through its pyarrow filesystem, into URIs (:func:`_expand_uri`).
     """
     out: dict[str, None] = {}
 
@@ -75,7 +85,9 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
 
     for p in paths:
         p = os.fspath(p)
-        if os.path.isdir(p):
+        if is_uri(p):
+            _expand_uri(p, out)
+        elif os.path.isdir(p):
             before = len(out)
             add_dir(p)
             if len(out) == before:
@@ -97,18 +109,174 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
     return sorted(out)
 
 
+# ----------------------------------------------------------------- URIs
+
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://")  # two letters at least: never a Windows drive
+
+
+def is_uri(path: Any) -> bool:
+    """`path` names a file through a pyarrow filesystem (``s3://``, ``gs://``, ``file://`` …)."""
+    return isinstance(path, str) and _URI.match(path) is not None
+
+
+class InputUnreachable(FileNotFoundError):
+    """A URI whose filesystem cannot be created or asked (unknown scheme, no
+    credentials, no network). A FileNotFoundError: callers (the CLI) report it as an
+    input that cannot be read, by its message, never as a traceback."""
+
+
+# (filesystem, path in it) by URI. Creating a filesystem may cost a round trip (S3
+# looks up the bucket's region), so a listing records the files it names here.
+_FILESYSTEMS: dict[str, tuple[pafs.FileSystem, str]] = {}
+
+
+def _unreachable(uri: str, e: BaseException) -> InputUnreachable:
+    return InputUnreachable(
+        f"cannot read '{printable_path(uri)}': {describe_error(e)}; check the URI (pyarrow reads file://, s3://, "
+        "gs://, hdfs://) and that the bucket's credentials are set (AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+        "AWS_SECRET_ACCESS_KEY for s3://, GOOGLE_APPLICATION_CREDENTIALS for gs://; a region or endpoint goes "
+        "in the query: s3://bucket/logs/?region=eu-west-1)")
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    got = _FILESYSTEMS.get(uri)
+    if got is None:
+        try:
+            got = _FILESYSTEMS[uri] = pafs.FileSystem.from_uri(uri)
+        except (pa.ArrowException, ValueError, OSError) as e:
+            raise _unreachable(uri, e) from e
+    return got
+
+
+def _split_query(uri: str) -> tuple[str, str]:
+    """``s3://b/x?region=r`` → (``s3://b/x``, ``?region=r``): the query (a bucket's
+    options) stays on every URI made from it. (So '?' is no glob character in a URI.)"""
+    base, mark, query = uri.partition("?")
+    return base, mark + query
+
+
+def _info(uri: str) -> pafs.FileInfo:
+    fs, path = _filesystem(uri)
+    try:
+        return fs.get_file_info(path)
+    except (pa.ArrowException, OSError) as e:
+        raise _unreachable(uri, e) from e
+
+
+def _expand_uri(uri: str, out: dict[str, None]) -> None:
+    """`expand_paths` for one URI: an object, a prefix (a directory) or a glob after the bucket."""
+    base, query = _split_query(uri)
+    scheme, _, rest = base.partition("://")
+    parts = rest.split("/")
+    magic = next((i for i, x in enumerate(parts) if glob.has_magic(x)), None)
+    if magic is None:
+        kind = _info(uri).type
+        if kind == pafs.FileType.File:
+            out[uri] = None
+        elif kind != pafs.FileType.Directory:
+            raise FileNotFoundError(f"no such file or directory: '{printable_path(uri)}'")
+        elif not _add_listing(uri, None, out):
+            raise FileNotFoundError(f"no log files in '{printable_path(uri)}' (looked for *.jsonl, *.json, *.parquet, "
+                                    "optionally .gz/.zst, not starting with '.' or '_')")
+    elif magic == 0:
+        raise FileNotFoundError(f"no file matches '{printable_path(uri)}' (a glob cannot name the bucket)")
+    elif not _add_listing(f"{scheme}://{'/'.join(parts[:magic])}/{query}", [unquote(x) for x in parts[magic:]], out):
+        raise FileNotFoundError(f"no file matches '{printable_path(uri)}'")
+
+
+def _add_listing(root: str, pattern: list[str] | None, out: dict[str, None]) -> bool:
+    """Adds the files under the URI `root`: the log files (as in a local directory)
+    when `pattern` is None, else those matching `pattern` (glob segments), and the
+    log files inside the directories it matches. False when none was found."""
+    fs, top = _filesystem(root)
+    base, query = _split_query(root)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(top, recursive=True))
+    except FileNotFoundError:
+        return False
+    except (pa.ArrowException, OSError) as e:
+        raise _unreachable(root, e) from e
+
+    def log_file(parts: list[str]) -> bool:  # below a listed directory: as add_dir takes them
+        return _is_input_name(parts[-1]) and not any(x.startswith((".", "_")) for x in parts)
+
+    dir_only = pattern is not None and pattern[-1] == ""  # `logs/2025-*/`: directories only
+    pat = pattern[:-1] if dir_only else pattern
+    before = len(out)
+    for info in infos:
+        if info.type != pafs.FileType.File:
+            continue
+        parts = info.path[len(top):].strip("/").split("/")
+        if pattern is None:
+            take = log_file(parts)
+        else:  # matched itself (any name), or inside a matched directory
+            take = any(_glob_match(parts[:k], pat) and (log_file(parts[k:]) if k < len(parts) else not dir_only)
+                       for k in range(1, len(parts) + 1))
+        if take:
+            uri = f"{base.rstrip('/')}/{quote('/'.join(parts), errors='surrogateescape')}{query}"
+            _FILESYSTEMS[uri] = (fs, info.path)
+            out[uri] = None
+    return len(out) > before
+
+
+def _glob_match(parts: list[str], pattern: list[str]) -> bool:
+    """Path segments matched as `glob.glob(recursive=True)` matches them: ``**`` any
+    number of segments, ``*`` inside one, a name starting with '.' only by a pattern that does."""
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(_glob_match(parts[i:], pattern[1:]) for i in range(len(parts) + 1)
+                   if not any(x.startswith(".") for x in parts[:i]))
+    return (bool(parts) and (not parts[0].startswith(".") or pattern[0].startswith("."))
+            and fnmatch.fnmatchcase(parts[0], pattern[0]) and _glob_match(parts[1:], pattern[1:]))
+
+
+def _name(path: str) -> str:
+    """The file name of a path or a URI (its query left out, its escapes undone)."""
+    return unquote(_split_query(path)[0].rsplit("/", 1)[-1]) if is_uri(path) else os.path.basename(path)
+
+
+def beside(path: str, name: str) -> str:
+    """The file `name` in the folder of the file `path` (a URI stays one)."""
+    if not is_uri(path):
+        return os.path.join(os.path.dirname(os.path.abspath(path)), name)
+    base, query = _split_query(path)
+    return f"{base.rsplit('/', 1)[0]}/{quote(name)}{query}"
+
+
+def is_file(path: str) -> bool:
+    if not is_uri(path):
+        return os.path.isfile(path)
+    try:
+        return _info(path).type == pafs.FileType.File
+    except OSError:
+        return False
+
+
+def _open_raw(path: str, buffering: int = -1) -> io.BufferedReader:
+    """The file's bytes as stored."""
+    if not is_uri(path):
+        return open(path, "rb", buffering=buffering)
+    fs, p = _filesystem(path)
+    # compression=None: pyarrow would decompress by the file's extension; we go by magic bytes
+    return io.BufferedReader(fs.open_input_stream(p, compression=None), buffer_size=READ_BUFFER)
+
+
 # ----------------------------------------------------------------- reading
 
 class ReadError(Exception):
     """The file's bytes could not be read or decompressed."""
 
 
-def _sha256(fh) -> str:
+def _sha256(fh) -> tuple[str, bytes]:
+    """The stream's sha256 (hex), and its first 4 bytes (magic)."""
     h = hashlib.sha256()
+    head = b""
     with fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
+            head = head or chunk[:4]
             h.update(chunk)
-    return h.hexdigest()
+    return h.hexdigest(), head
 
 
 def file_keys(path: str) -> tuple[str, ...]:
@@ -117,13 +285,11 @@ def file_keys(path: str) -> tuple[str, ...]:
     keyed on before) — so a log and its compressed copy, as log rotation leaves
     them side by side, are one file. A compressed file that cannot be
     decompressed is known by its raw bytes (loading it reports the damage)."""
-    raw = _sha256(open(path, "rb"))
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
+    raw, magic = _sha256(_open_raw(path))
     if magic[:2] != b"\x1f\x8b" and magic != b"\x28\xb5\x2f\xfd":
         return (raw,)
     try:
-        return (_sha256(open_binary(path)), raw)
+        return (_sha256(open_binary(path))[0], raw)
     except (OSError, EOFError, zlib.error, zstandard.ZstdError):
         return (raw,)
 
@@ -132,9 +298,8 @@ def open_binary(path: str) -> io.BufferedIOBase:
     """Binary stream of the decompressed content (gzip/zstd recognised by magic bytes)."""
     # A 1 MB buffer: agent log lines are tens of KB, and iterating lines through
     # the default 8 KB buffer costs ten times more (measured in bench/README.md).
-    fh = open(path, "rb", buffering=READ_BUFFER)
-    magic = fh.read(4)
-    fh.seek(0)
+    fh = _open_raw(path, READ_BUFFER)
+    magic = fh.peek(4)[:4]  # (peek: a remote stream cannot seek back)
     if magic[:2] == b"\x1f\x8b":
         return io.BufferedReader(gzip.GzipFile(fileobj=fh, mode="rb"), buffer_size=READ_BUFFER)  # type: ignore
     if magic == b"\x28\xb5\x2f\xfd":
@@ -172,15 +337,24 @@ def zstd_frames_complete(path: str) -> bool:
     """False when the zstd file ends inside a frame. Walks the frame and block
     headers only (RFC 8878), without decompressing; bytes that are no frame at
     all are left to the decompressor, which refuses them."""
-    with open(path, "rb") as fh:
+    if is_uri(path):  # random access; most skips land inside the buffer
+        fs, p = _filesystem(path)
+        fh: Any = io.BufferedReader(fs.open_input_file(p), buffer_size=READ_BUFFER)
+        size = fh.raw.size()
+    else:
+        fh = open(path, "rb")
         size = os.fstat(fh.fileno()).st_size
+    with fh:
 
         def take(n: int) -> bytes | None:
             b = fh.read(n)
             return b if len(b) == n else None
 
-        def skip(n: int) -> bool:
-            return fh.seek(n, 1) <= size
+        def skip(n: int) -> bool:  # (a remote file cannot seek past its end)
+            if fh.tell() + n > size:
+                return False
+            fh.seek(n, 1)
+            return True
 
         while fh.tell() < size:
             magic = take(4)
@@ -297,17 +471,29 @@ def iter_jsonl(fh: io.BufferedIOBase, slow: set | None = None) -> Iterator[tuple
             yield i, parse_line(raw, slow, i)
 
 
-def iter_parquet(src: Any) -> Iterator[tuple[int, Any]]:
-    pf = pq.ParquetFile(src)
-    n = 0
-    for batch in pf.iter_batches(batch_size=4096):
-        try:
-            recs = batch.to_pylist()
-        except (ValueError, OverflowError):  # a value Python cannot hold: find its rows
-            recs = [_parquet_row(batch, i) for i in range(batch.num_rows)]
-        for rec in recs:
-            n += 1
-            yield n, rec if isinstance(rec, Reject) else strip_nulls(rec)
+def parquet_source(path: str, fh: io.BufferedIOBase) -> tuple[Any, pafs.FileSystem | None]:
+    """What `iter_parquet` reads the file `path` (open as `fh`) from, and through which
+    filesystem: the file itself when it is stored uncompressed (random access, read as
+    needed), else its decompressed bytes in memory."""
+    if is_plain_file(fh):
+        return path, None
+    if is_uri(path) and isinstance(getattr(fh, "raw", None), pa.NativeFile):  # a remote file, not compressed
+        fs, p = _filesystem(path)
+        return p, fs
+    return pa.BufferReader(read_all(fh)), None
+
+
+def iter_parquet(src: Any, filesystem: pafs.FileSystem | None = None) -> Iterator[tuple[int, Any]]:
+    with pq.ParquetFile(src, filesystem=filesystem) as pf:
+        n = 0
+        for batch in pf.iter_batches(batch_size=4096):
+            try:
+                recs = batch.to_pylist()
+            except (ValueError, OverflowError):  # a value Python cannot hold: find its rows
+                recs = [_parquet_row(batch, i) for i in range(batch.num_rows)]
+            for rec in recs:
+                n += 1
+                yield n, rec if isinstance(rec, Reject) else strip_nulls(rec)
 
 
 def _parquet_row(batch: pa.RecordBatch, i: int) -> Any:
@@ -323,7 +509,7 @@ def _parquet_row(batch: pa.RecordBatch, i: int) -> Any:
 
 
 def file_kind(path: str, forced: str | None) -> str:
-    name = _strip_compression(os.path.basename(path).lower())
+    name = _strip_compression(_name(path).lower())
     if forced == "trajectory" or name.endswith(".traj.json"):
         return "document"
     if name.endswith(".parquet"):
@@ -344,7 +530,7 @@ def printable_path(path: str) -> str:
 
 
 def trajectory_stem(path: str) -> str:
-    name = _strip_compression(os.path.basename(printable_path(path)))
+    name = _strip_compression(_name(printable_path(path)))
     for suf in (".traj.json", ".json", ".jsonl"):
         if name.endswith(suf):
             return name[: -len(suf)]

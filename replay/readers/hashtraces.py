@@ -48,14 +48,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any, Iterator
 
 import numpy as np
 
 from replay.readers.fields import (INT64, MISSING, Options, Reject, as_str, common_attrs, get_path,
                                    int_or_none, type_name)
-from replay.readers.files import open_binary, trajectory_stem
+from replay.readers.files import beside, is_file, open_binary, trajectory_stem
 from replay.readers.timestamps import parse_ts, record_ts
 from replay.readers.traces import block_size, int_list, length, uniform_lengths
 
@@ -181,11 +180,10 @@ def _ragpulse_lengths(opts: Options) -> dict[int, int]:
         return got
     lengths: dict[int, int] = {}
     path = opts.file_state.get("path")
-    folder = os.path.dirname(os.path.abspath(path)) if path else None
     for _, name in RAGPULSE_PARTS:
-        for cand in ((name, name + ".gz", name + ".zst") if folder else ()):
-            p = os.path.join(folder, cand)
-            if os.path.isfile(p):
+        for cand in ((name, name + ".gz", name + ".zst") if path else ()):
+            p = beside(path, cand)  # (a URI's side files are beside it in its bucket)
+            if is_file(p):
                 _read_lengths(p, lengths)
                 break
     opts.file_state["chunk_lengths"] = lengths

@@ -15,12 +15,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import pyarrow as pa
-
 from replay.readers import files
 from replay.readers.fields import Options, Reject, too_deep
-from replay.readers.files import (decode_text, doc_error, file_kind, guard_units, is_plain_file, iter_jsonl, iter_parquet,
-                                  open_binary, parse_line, read_all, trajectory_stem)
+from replay.readers.files import (decode_text, doc_error, file_kind, guard_units, iter_jsonl, iter_parquet, open_binary,
+                                  parquet_source, parse_line, read_all, trajectory_stem)
 from replay.readers.formats import DOCUMENT_CONVERTERS, DOCUMENT_FORMATS, convert_record, detect_record
 from replay.readers.formats import expand_units
 from replay.readers.hashtraces import LENGTHS_FORMAT, is_lengths_record
@@ -114,9 +112,9 @@ class FileIngest:
                 else:
                     self._json(data)
             elif kind == "parquet":
-                # parquet needs random access: decompress a .gz/.zst one into memory
-                src: Any = self.path if is_plain_file(fh) else pa.BufferReader(read_all(fh))
-                self._records(guard_units(iter_parquet(src)))
+                # parquet needs random access: a .gz/.zst one is decompressed into memory
+                src, filesystem = parquet_source(self.path, fh)
+                self._records(guard_units(iter_parquet(src, filesystem)))
             else:
                 self._records(guard_units(iter_jsonl(fh, self.slow)))
         self.stats.time_order = self.order.order()
