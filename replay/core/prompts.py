@@ -76,7 +76,8 @@ def light(p: Prompt) -> Prompt:
 def restored(prompts, segs: "SegmentStore") -> Iterator[Prompt]:
     """The prompts (in order) with the tokens :func:`light` left out, assembled
     from ``segs`` one at a time as they are walked, each conversation's from its
-    previous prompt as ``iter_prompts`` does."""
+    previous prompt as ``iter_prompts`` does. (A light prompt gets its tokens
+    while it is walked, and loses them when the next one is asked for.)"""
     last: OrderedDict = OrderedDict()
     for p in prompts:
         if p.symbols is not None:
@@ -90,8 +91,9 @@ def restored(prompts, segs: "SegmentStore") -> Iterator[Prompt]:
         if len(last) > RECENT_CONVERSATIONS:
             last.popitem(last=False)
         out = p.output_seg_ids
-        yield dataclasses.replace(p, symbols=symbols,
-                                  output=segs.concat(out.tolist()) if out is not None and len(out) else None)
+        p.symbols, p.output = symbols, (segs.concat(out.tolist()) if out is not None and len(out) else None)
+        yield p
+        p.symbols = p.output = None  # (light again once walked: the task's list holds no tokens)
 
 
 def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:

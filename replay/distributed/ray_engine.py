@@ -3,12 +3,13 @@
 The driver reads the prompts from DuckDB (``iter_prompts``: the same prompts,
 in the same order, as the single pass) and splits them into the tasks of
 ``replay.core.partition.plan`` — *light*: a text prompt keeps its segment ids,
-not its tokens. The segments table (every unique token once) goes to Ray's
-object store once, as an Arrow table; each worker builds its segment store
-from it once (per replay) and assembles a task's prompts again as it walks
-them, as the driver would. So the driver holds the log's segment ids rather
-than its tokens, and a task ships a few bytes a segment instead of each
-prompt's whole conversation (the day's tasks: ~500 MB of tokens before).
+not its tokens — and ships each task, as an Arrow table, the part of the
+segments table its prompts use (each unique token once); the task assembles
+its prompts again as it walks them, as the driver would. So the driver holds
+the log's segment ids rather than its tokens, a task ships a few bytes a
+segment plus its partition's unique tokens instead of each prompt's whole
+conversation (the day's tasks: ~500 MB of tokens before), and a worker holds
+its partition's unique tokens, not the log's.
 Why not request ids + Parquet on shared storage: the DuckDB file is locked by
 the driver's connection, and a local or single-node cluster has no shared
 storage to speak of. (A cluster reading logs from object storage would export
@@ -41,6 +42,9 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
+import polars as pl
+
 from replay.core import partition
 from replay.distributed import DistributedReplayFailed
 from replay.core.prompts import SegmentStore, iter_prompts
@@ -49,25 +53,29 @@ FAULT_ENV = "REPLAY_RAY_FAULT"
 DEFAULT_RETRIES = 3
 
 
-_SEGMENTS: dict = {}  # (in a worker) the segment store of the replay being run, by its object id
-
-
-def _run(task: partition.Task, variants, horizon_us: int, segments: list, fault: str | None):
+def _run(task: partition.Task, variants, horizon_us: int, segments, fault: str | None):
     if fault:
         _inject(fault, task.name)
-    return partition.run_task(task, variants, horizon_us, _segment_store(segments[0]))
+    return partition.run_task(task, variants, horizon_us, SegmentStore(table=segments))
 
 
-def _segment_store(ref) -> SegmentStore:
-    """The store of the segments table ``ref`` names (an object ref, wrapped in a
-    list so Ray does not resolve it for every task), built once per worker."""
-    import ray
+class _Segments:
+    """The segments table, and the part of it each task needs (its prompts' and
+    outputs' segments): a worker holds its partition's unique tokens, not the log's."""
 
-    key = ref.hex()
-    if key not in _SEGMENTS:
-        _SEGMENTS.clear()  # (one replay's at a time)
-        _SEGMENTS[key] = SegmentStore(table=ray.get(ref))
-    return _SEGMENTS[key]
+    def __init__(self, con):
+        self.table = SegmentStore.table(con)
+        ids = self.table.column("seg_id").to_numpy()
+        self._order = np.argsort(ids, kind="stable")
+        self._sorted = ids[self._order]
+
+    def of(self, task: partition.Task):
+        parts = [x for p in task.prompts for x in (p.seg_ids, p.output_seg_ids)
+                 if p.symbols is None and x is not None and len(x)]
+        if not parts:
+            return self.table.slice(0, 0)
+        need = pl.Series(np.concatenate(parts)).unique().to_numpy()
+        return self.table.take(self._order[np.searchsorted(self._sorted, need)])
 
 
 def _inject(fault: str, name: str) -> None:
@@ -143,15 +151,16 @@ class RayEngine:
         parts = self.partitions or max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
         plan = partition.plan(iter_prompts(con, with_output="prompt+output" in variants), modes, parts,
                               self.depth, travel_light=True)
-        segments = [ray.put(SegmentStore.table(con))]
+        segments = _Segments(con)
         fault = os.environ.get(FAULT_ENV) or None
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(_run)
         variants = tuple(variants)
         pending = {}
         for t in plan.tasks:
-            ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), segments, fault)
+            ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), segments.of(t), fault)
             pending[ref] = t
             t.prompts = []  # (shipped: the driver need not hold them any more)
+        del segments
         shallow_name = f"global/{partition.SHALLOW}"
         shallow = None
         waiting: list = []  # global partitions done before the shallow task
