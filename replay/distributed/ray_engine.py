@@ -148,25 +148,36 @@ class RayEngine:
         final row goes to ``sink`` (a dict (variant, mode) → rows); returns
         ``{"_nodes": ...}`` like ``replay_prompts`` with a sink."""
         ray = self.start()
-        parts = self.partitions or max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        parts = self.partitions or 2 * cpus
         plan = partition.plan(iter_prompts(con, with_output="prompt+output" in variants), modes, parts,
                               self.depth, travel_light=True)
         segments = _Segments(con)
         fault = os.environ.get(FAULT_ENV) or None
         remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(_run)
         variants = tuple(variants)
-        pending = {}
-        for t in plan.tasks:
-            ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), segments.of(t), fault)
-            pending[ref] = t
-            t.prompts = []  # (shipped: the driver need not hold them any more)
-        del segments
         shallow_name = f"global/{partition.SHALLOW}"
+        # the shallow task first (the global partitions wait for its rows); a few
+        # tasks in flight at a time, so the object store holds those tasks'
+        # prompts and segments, not the whole log's
+        queue = sorted(plan.tasks, key=lambda t: t.name != shallow_name)
+        queue.reverse()
+        pending = {}
+
+        def submit() -> None:
+            while queue and len(pending) <= cpus:
+                t = queue.pop()
+                ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), segments.of(t),
+                                                                     fault)
+                pending[ref] = t
+                t.prompts = []  # (shipped: the driver need not hold them any more)
+
         shallow = None
         waiting: list = []  # global partitions done before the shallow task
         nodes: dict[str, int] = {}
         first = (variants[0], modes[0])
         try:
+            submit()
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
                 ref = done[0]
@@ -179,6 +190,7 @@ class RayEngine:
                     raise DistributedReplayFailed(
                         f"replay partition {task.name} {how} on Ray: {_first_line(e).rstrip('.')}. "
                         "No walk set was recorded current; run the command again, or with --engine local") from None
+                submit()
                 for k, n in result.pop("_nodes").items():
                     nodes[k] = nodes.get(k, 0) + n
                 if task.name == shallow_name:
