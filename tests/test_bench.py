@@ -81,3 +81,22 @@ def test_the_near_bench_compares_like_with_like(tmp_path):
                          capture_output=True, text=True, check=True)
     res = json.loads(out.stdout)
     assert res["naive_results_identical"] is True and res["requests"] == 268 and res["unique_texts"] > 0
+
+
+@pytest.mark.slow
+def test_the_distributed_bench_compares_like_with_like(logs, tmp_path):
+    """bench/distributed.py on a pipeline's database: the replay on a Ray cluster
+    of one CPU writes the local pass's rows (digest of every walk), and the
+    workers' memory is seen."""
+    pytest.importorskip("ray")
+    import json
+    import subprocess
+
+    bench.stage_pipeline(str(logs), str(tmp_path / "r.duckdb"), ttls=(300.0,))
+    out = subprocess.run([sys.executable, str(BENCH / "distributed.py"), "--db", str(tmp_path / "r.duckdb"),
+                          "--workers", "1", "--horizon", "inf", "--json"],
+                         capture_output=True, text=True, check=True)
+    res = json.loads(out.stdout)
+    assert res["local"]["rows_identical"] is True and res["ray-1"]["rows_identical"] is True
+    assert res["ray-1"]["requests"] == res["local"]["requests"] > 0
+    assert res["ray-1"]["peak_rss_workers_mb"] and res["local"]["peak_rss_workers_mb"] == []
