@@ -66,22 +66,9 @@ cdef class Tails:
     """:class:`replay.core.trie.PythonTails`, compiled: the part of each walked
     sequence the tries hold, copied once and shared by every trie walking it."""
     cdef dict _held       # id(seq) -> [seq, lo, copy of seq[lo:] (seq itself when lo == 0)]
-    cdef dict _converted  # id(given) -> (given, its symbols as a contiguous int32/int64 array)
 
     def __cinit__(self):
         self._held = {}
-        self._converted = {}
-
-    def symbols(self, seq):
-        """``seq`` as a C-contiguous int32 or int64 array: itself when it is one,
-        else one conversion shared by the tries walking it."""
-        got = self._converted.get(id(seq))
-        if got is not None and got[0] is seq:
-            return got[1]
-        arr = _as_symbols(seq)
-        if arr is not seq:
-            self._converted[id(seq)] = (seq, arr)
-        return arr
 
     cdef tuple take(self, object seq, Py_ssize_t start):
         cdef list got = self._held.get(id(seq))
@@ -216,10 +203,10 @@ cdef class Trie:
             tails = held.get(Tails)
             if tails is None:
                 tails = held[Tails] = Tails()
-        seq = tails.symbols(seq)
+        seq = _as_symbols(seq)
         steps = self._descend(seq, t, True, known, owned, own, tails)
         if insert is not None and len(insert) > len(seq):
-            self._descend(tails.symbols(insert), t, False, len(seq), owned, own, tails)
+            self._descend(_as_symbols(insert), t, False, len(seq), owned, own, tails)
         if cum is not None:
             steps = [(st[0], int(cum[st[1]]), *st[2:]) for st in steps]
         return steps
@@ -289,18 +276,18 @@ cdef class Trie:
             found = PyDict_GetItem(node.children, first)
             if found != NULL:  # idle past the horizon, not yet pruned
                 self.nodes -= _count(<Node> found)
-            leaf = Node.__new__(Node)
-            leaf._own(tails, seq, pos, n - pos)
-            leaf.last_used = t
-            leaf.owner = -1
+            # a view of seq for now: owned once the merge below has decided its extent
+            leaf = _node(seq, s, wide, pos, n - pos, t)
             node.children[first] = leaf
             self.nodes += 1
             self._push(leaf, pos, n)
-        self._refresh_and_merge(seq, tails, t, own)
+        self._refresh_and_merge(seq, tails, t, own, leaf if pos < n else None)
         return steps
 
-    cdef int _refresh_and_merge(self, object seq, Tails tails, int64_t t, int64_t own) except -1:
-        """Set last-used = t (and the owner) along the path, merging single-child chains."""
+    cdef int _refresh_and_merge(self, object seq, Tails tails, int64_t t, int64_t own, Node leaf) except -1:
+        """Set last-used = t (and the owner) along the path, merging single-child
+        chains; a merged edge, or the new ``leaf`` left alone, takes its symbols
+        from ``tails`` (one copy, made once)."""
         cdef list path = self._path
         cdef Py_ssize_t i = 0, j, m = len(path), start, end
         cdef Node head, nxt
@@ -318,7 +305,7 @@ cdef class Trie:
                 end = self._ends[j + 1]
                 self.nodes -= 1
                 j += 1
-            if j > i:
+            if j > i or head is leaf:
                 head._own(tails, seq, start, end - start)
             i = j + 1
         return 0

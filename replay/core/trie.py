@@ -63,9 +63,6 @@ class PythonTails:
     def __init__(self):
         self._held: dict[int, list] = {}  # id(seq) -> [seq, lo, seq[lo:] (seq itself when lo == 0)]
 
-    def symbols(self, seq):
-        return seq if isinstance(seq, np.ndarray) else np.asarray(seq, dtype=np.int64)
-
     def take(self, seq: np.ndarray, start: int, end: int) -> np.ndarray:
         """``seq[start:end]``, as a view of the shared copy."""
         got = self._held.get(id(seq))
@@ -137,11 +134,10 @@ class PythonTrie:
         if self.horizon < INF_US and (self._last_prune is None or t - self._last_prune > self.horizon // 2):
             self.prune(t)
         tails = PythonTails() if held is None else held.setdefault(PythonTails, PythonTails())
-        seq = tails.symbols(seq)
         steps = self._descend(seq, t, tails, record=True, known=known, owner=owner)
         if insert is not None and len(insert) > len(seq):
             # seq is a path now
-            self._descend(tails.symbols(insert), t, tails, record=False, known=len(seq), owner=owner)
+            self._descend(insert, t, tails, record=False, known=len(seq), owner=owner)
         if cum is not None:
             steps = [(s[0], int(cum[s[1]]), *s[2:]) for s in steps]
         return steps
@@ -193,15 +189,20 @@ class PythonTrie:
             stale = node.children.get(int(seq[pos]))
             if stale is not None:  # idle past the horizon, not yet pruned
                 self.nodes -= _count(stale)
-            leaf = _Node(tails.take(seq, pos, n), t)
+            leaf = _Node(seq[pos:], t)  # (a view for now: owned once the merge has decided its extent)
             node.children[int(seq[pos])] = leaf
             self.nodes += 1
             path.append((leaf, pos, n))
-        self._refresh_and_merge(path, seq, tails, t, -1 if owner is None else owner)
+        else:
+            leaf = None
+        self._refresh_and_merge(path, seq, tails, t, -1 if owner is None else owner, leaf)
         return steps
 
-    def _refresh_and_merge(self, path, seq: np.ndarray, tails: PythonTails, t: int, owner: int) -> None:
-        """Set last-used = t (and the owner) along the path, merging single-child chains."""
+    def _refresh_and_merge(self, path, seq: np.ndarray, tails: PythonTails, t: int, owner: int,
+                           leaf: _Node | None) -> None:
+        """Set last-used = t (and the owner) along the path, merging single-child
+        chains; a merged edge, or the new ``leaf`` left alone, takes its symbols
+        from ``tails`` (one copy, made once)."""
         i = 0
         while i < len(path):
             head, start, end = path[i]
@@ -215,7 +216,7 @@ class PythonTrie:
                 end = nxt_end
                 self.nodes -= 1
                 j += 1
-            if j > i:
+            if j > i or head is leaf:
                 head.edge = tails.take(seq, start, end)
             i = j + 1
 
