@@ -78,18 +78,12 @@ def restored(prompts, segs: "SegmentStore") -> Iterator[Prompt]:
     from ``segs`` one at a time as they are walked, each conversation's from its
     previous prompt as ``iter_prompts`` does. (A light prompt gets its tokens
     while it is walked, and loses them when the next one is asked for.)"""
-    last: OrderedDict = OrderedDict()
+    conversations = Conversations(segs)
     for p in prompts:
         if p.symbols is not None:
             yield p
             continue
-        ids = p.seg_ids.tolist()
-        conv = (p.tenant, p.session or p.key)
-        symbols, _ = segs.extend(ids, last.get(conv))
-        last[conv] = (ids, symbols)
-        last.move_to_end(conv)
-        if len(last) > RECENT_CONVERSATIONS:
-            last.popitem(last=False)
+        symbols, _, _ = conversations.assemble((p.tenant, p.session or p.key), p.seg_ids.tolist())
         out = p.output_seg_ids
         p.symbols, p.output = symbols, (segs.concat(out.tolist()) if out is not None and len(out) else None)
         yield p
@@ -137,11 +131,11 @@ def trace_blocks(p: "Prompt", b: int) -> tuple[int, int]:
 
 
 class SegmentStore:
-    """seg_id -> token array, loaded once from the `segments` table (or an Arrow
-    table of its ``seg_id`` and ``tokens``: :meth:`table`)."""
+    """seg_id -> token array, loaded once from the `segments` table (or from
+    ``table``, rows of it: :meth:`read_table`)."""
 
     def __init__(self, con=None, table: pa.Table | None = None):
-        tbl = self.table(con) if table is None else table
+        tbl = self.read_table(con) if table is None else table
         toks = tbl.column("tokens").combine_chunks()
         offsets = toks.offsets.to_numpy()
         values = toks.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
@@ -149,7 +143,7 @@ class SegmentStore:
             sid: values[offsets[i]:offsets[i + 1]] for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist())}
 
     @staticmethod
-    def table(con) -> pa.Table:
+    def read_table(con) -> pa.Table:
         return db.arrow(con, "SELECT seg_id, tokens FROM segments")
 
     def tokens(self, seg_id: int) -> np.ndarray:
@@ -201,6 +195,28 @@ class SegmentStore:
         return len(self._tokens)
 
 
+class Conversations:
+    """Each conversation's latest prompt (of the ``RECENT_CONVERSATIONS`` latest
+    conversations), to build its next prompt from: an agent resends the whole
+    conversation each turn, and copying the part shared with the previous
+    prompt in one piece is most of the saving (``SegmentStore.extend``)."""
+
+    def __init__(self, segs: SegmentStore):
+        self.segs = segs
+        self._last: OrderedDict = OrderedDict()  # conversation -> (seg ids, symbols, its caller's note)
+
+    def assemble(self, conv, ids: list[int], note=None) -> tuple[np.ndarray, int, object]:
+        """The symbols of ``ids``, the conversation's next prompt; how many leading
+        symbols are its previous prompt's; and the ``note`` that one was given."""
+        before = self._last.get(conv)
+        symbols, shared = self.segs.extend(ids, before and before[:2])
+        self._last[conv] = (ids, symbols, note)
+        self._last.move_to_end(conv)
+        if len(self._last) > RECENT_CONVERSATIONS:
+            self._last.popitem(last=False)
+        return symbols, shared, before and before[2]
+
+
 class NotTokenized(RuntimeError):
     """Requests wait for the tokenize stage."""
 
@@ -212,7 +228,7 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
         raise NotTokenized(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     segs = SegmentStore(con)
     out_col = "p.output_seg_ids" if with_output else "NULL"
-    last: OrderedDict = OrderedDict()
+    conversations = Conversations(segs)
     for tbl in time_ordered_chunks(con, f"""
             r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model, r.format,
             p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.block_lengths, r.input_length""", chunk):
@@ -231,17 +247,10 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator
                 n = max(int(cum[-1]), int(meta["input_length"][k] or 0))
             else:
                 seg_row = _or_empty(cols["seg_ids"][k])
-                ids = seg_row.tolist()
-                conv = (meta["tenant"][k], session or key)
-                before = last.get(conv)
-                symbols, shared = segs.extend(ids, before and before[:2])
+                symbols, shared, before = conversations.assemble((meta["tenant"][k], session or key),
+                                                                 seg_row.tolist(), (ts, key, session, model))
                 if shared:
-                    previous = before[2]
-                # the conversation's latest prompt, for its next turn
-                last[conv] = (ids, symbols, (ts, key, session, model))
-                last.move_to_end(conv)
-                if len(last) > RECENT_CONVERSATIONS:
-                    last.popitem(last=False)
+                    previous = before
                 n = len(symbols)
                 out_row = cols["output_seg_ids"][k]
                 if out_row is not None and len(out_row):

@@ -64,7 +64,7 @@ class _Segments:
     outputs' segments): a worker holds its partition's unique tokens, not the log's."""
 
     def __init__(self, con):
-        self.table = SegmentStore.table(con)
+        self.table = SegmentStore.read_table(con)
         ids = self.table.column("seg_id").to_numpy()
         self._order = np.argsort(ids, kind="stable")
         self._sorted = ids[self._order]
@@ -160,8 +160,7 @@ class RayEngine:
         # the shallow task first (the global partitions wait for its rows); a few
         # tasks in flight at a time, so the object store holds those tasks'
         # prompts and segments, not the whole log's
-        queue = sorted(plan.tasks, key=lambda t: t.name != shallow_name)
-        queue.reverse()
+        queue = sorted(plan.tasks, key=lambda t: t.name == shallow_name)  # (popped from the end)
         pending = {}
 
         def submit() -> None:
