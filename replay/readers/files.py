@@ -62,6 +62,11 @@ def _is_input_name(name: str) -> bool:
     return _strip_compression(name.lower()).endswith(INPUT_SUFFIXES)
 
 
+def _set_apart(name: str) -> bool:
+    """A hidden or side file or folder (``.x``, ``_truth.jsonl``), skipped inside directories."""
+    return name.startswith((".", "_"))
+
+
 def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
     """Files named by `paths` (files, globs, directories searched recursively), sorted, unique.
 
@@ -78,9 +83,9 @@ def expand_paths(paths: Iterable[str | os.PathLike]) -> list[str]:
 
     def add_dir(d: str) -> None:
         for root, dirs, files in os.walk(d):
-            dirs[:] = sorted(x for x in dirs if not x.startswith((".", "_")))
+            dirs[:] = sorted(x for x in dirs if not _set_apart(x))
             for f in files:
-                if _is_input_name(f) and not f.startswith((".", "_")):
+                if _is_input_name(f) and not _set_apart(f):
                     out[os.path.normpath(os.path.join(root, f))] = None
 
     for p in paths:
@@ -198,7 +203,7 @@ def _add_listing(root: str, pattern: list[str] | None, out: dict[str, None]) -> 
         raise _unreachable(root, e) from e
 
     def log_file(parts: list[str]) -> bool:  # below a listed directory: as add_dir takes them
-        return _is_input_name(parts[-1]) and not any(x.startswith((".", "_")) for x in parts)
+        return _is_input_name(parts[-1]) and not any(map(_set_apart, parts))
 
     dir_only = pattern is not None and pattern[-1] == ""  # `logs/2025-*/`: directories only
     pat = pattern[:-1] if dir_only else pattern
