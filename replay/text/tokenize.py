@@ -433,10 +433,8 @@ class _Run:
                         if self.cut_unchecked:
                             self.cut_unchecked = False
                             to_check = (rid, pieces)
-                        if template:
-                            seg_ids, parts = store.add_texts(pieces), [p[2] for p in pieces]
-                        else:
-                            seg_ids, parts = [store.add_piece(p) for p in pieces], [p[2] for p in pieces]
+                        seg_ids = store.add_texts(pieces) if template else [store.add_piece(p) for p in pieces]
+                        parts = [p[2] for p in pieces]
                     if outputs[i] is not None and (o := loads(outputs[i])) is not None:
                         out_ids = [store.add_piece(p) for p in self.tok.render_output(o, fmts[i])]
             except Exception as exc:  # noqa: BLE001 - set aside with its reason, never silent
