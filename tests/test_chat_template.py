@@ -790,7 +790,7 @@ def test_added_tokens_of_several_first_characters_match_as_one_trie():
     their matches are those of one regex of all the strings."""
     import re
 
-    from replay.text.render_template import _alternation, _spans, _trie_pattern
+    from replay.text.splitter import _alternation, _spans, _trie_pattern
 
     rng = random.Random(7)
     words = ["ab", "abc", "b", "bc", "c", "ca", "xab", "<｜U｜>", "｜"]
