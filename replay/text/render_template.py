@@ -221,6 +221,8 @@ _FAST: dict[str, Any] = {}
 _FROZEN = [False]
 _TOJSON_MEMO: dict[int, tuple[Any, str]] = {}
 _TOJSON_MEMO_MAX = 50_000
+#: logged messages and tools mapped to the template's shape, per object (``template_messages``)
+_MAPPED: dict = {}
 
 
 def freeze_inputs(on: bool) -> None:
@@ -231,11 +233,13 @@ def freeze_inputs(on: bool) -> None:
     requests). ``False``: back to rendering every object afresh."""
     _FROZEN[0] = on
     _TOJSON_MEMO.clear()
+    _MAPPED.clear()
 
 
 def forget_frozen() -> None:
     """Drop what is remembered per object (the caller lets go of its objects)."""
     _TOJSON_MEMO.clear()
+    _MAPPED.clear()
 
 
 def _fast_compiled(source: str):
@@ -340,7 +344,7 @@ def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | N
     """The rendered text as ``(chunk, message index)`` in order (index ``-1``:
     written before the template read any message), and each template
     message's part (``template_messages``)."""
-    messages, tools, origin = template_messages(body, fmt, tpl.reads_blocks)
+    messages, tools, origin = template_messages(body, fmt, tpl.reads_blocks, _MAPPED if _FROZEN[0] else None)
     return render_messages(tpl, messages, tools, ts_us), origin
 
 

@@ -102,6 +102,10 @@ def _openai_message(msg: dict, blocks: bool) -> dict:
     return out
 
 
+def _openai_messages(msg: dict, blocks: bool) -> list[dict]:
+    return [_openai_message(msg, blocks)]
+
+
 def _anthropic_message(msg: dict, blocks: bool) -> list[dict]:
     role = msg.get("role", "user")
     value = msg.get("content")
@@ -152,6 +156,10 @@ def _anthropic_tool(tool: Any) -> Any:
     return {"type": "function", "function": fn}
 
 
+def _openai_tool(tool: Any) -> Any:
+    return {k: v for k, v in tool.items() if k != "cache_control"} if isinstance(tool, dict) else tool
+
+
 def _responses_items(items: list, blocks: bool) -> list[dict]:
     out: list[dict] = []
     for it in items:
@@ -175,10 +183,34 @@ def _responses_items(items: list, blocks: bool) -> list[dict]:
     return out
 
 
-def template_messages(body: dict, fmt: str | None, blocks: bool) -> tuple[list[dict], list | None, list[int]]:
+#: mapped objects a memo holds (then it forgets them all)
+MEMO_MAX = 200_000
+
+
+def _memoized(memo: dict | None, fn, obj: Any, *args) -> Any:
+    """``fn(obj, *args)``, remembered in ``memo`` per object (by ``id``, the
+    object held so its id is not reused) when the caller guarantees it never
+    changes the objects it maps, nor those mapped."""
+    if memo is None:
+        return fn(obj, *args)
+    key = (id(obj), fn, *args)
+    hit = memo.get(key)
+    if hit is not None and hit[0] is obj:
+        return hit[1]
+    got = fn(obj, *args)
+    if len(memo) >= MEMO_MAX:
+        memo.clear()
+    memo[key] = (obj, got)
+    return got
+
+
+def template_messages(body: dict, fmt: str | None, blocks: bool, memo: dict | None = None
+                      ) -> tuple[list[dict], list | None, list[int]]:
     """``(messages, tools, origin)`` of ``body`` in template shape; ``origin[j]``
     is the part (``replay.text.render``: ``1`` a top-level system, ``2 + k``
-    logged message ``k``) template message ``j`` comes from."""
+    logged message ``k``) template message ``j`` comes from. ``memo``: each
+    logged message and tool is mapped once (``_memoized``; the same objects
+    then come back, so a template's per-object work is remembered too)."""
     messages: list[dict] = []
     origin: list[int] = []
     system = body.get("system")
@@ -201,17 +233,16 @@ def template_messages(body: dict, fmt: str | None, blocks: bool) -> tuple[list[d
         elif not isinstance(msg, dict):
             got = [{"role": "user", "content": content(msg, blocks)}]
         elif anthropic:
-            got = _anthropic_message(msg, blocks)
+            got = _memoized(memo, _anthropic_message, msg, blocks)
         else:
-            got = [_openai_message(msg, blocks)]
+            got = _memoized(memo, _openai_messages, msg, blocks)
         messages.extend(got)
         origin.extend([2 + k] * len(got))
     if responses:  # adjacent function calls of one turn are one assistant message
         messages, origin = _merge_calls(messages, origin)
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
-        tools = [_anthropic_tool(t) for t in tools] if anthropic else \
-            [{k: v for k, v in t.items() if k != "cache_control"} if isinstance(t, dict) else t for t in tools]
+        tools = [_memoized(memo, _anthropic_tool if anthropic else _openai_tool, t) for t in tools]
     else:
         tools = None
     return messages, tools, origin
