@@ -1,6 +1,7 @@
 """Benchmark: the replay on Ray with 1 and 2 workers, against this process.
 
     python bench/distributed.py --db /tmp/day/replay.duckdb --json   # a database bench/pipeline.py kept
+    python bench/distributed.py --logs /tmp/day/logs --json          # ingest: each file parsed by a task
 
 The database is one ``bench/pipeline.py --keep`` made (ingested and
 tokenized). Each engine runs in a fresh process on its own copy of it and
@@ -17,6 +18,10 @@ For each: the replay's wall time, the driver's peak RSS, and every Ray worker
 process's peak RSS (sampled every 50 ms from /proc: workers are the raylet's
 children, not the driver's), and a digest of the ``walks`` table
 (``rows_identical``: every engine's rows equal the local pass's).
+
+With ``--logs DIR`` the stage timed is ingest instead (``api.ingest`` into a
+fresh database, each file parsed by a Ray task and written by the driver), the
+digest over ``requests``, ``rejects`` and ``blobs`` (``replay_s`` is then the ingest's wall time).
 """
 
 from __future__ import annotations
@@ -110,9 +115,39 @@ def stage_replay(args: dict) -> dict:
     return out
 
 
+def stage_ingest(args: dict) -> dict:
+    from replay import api
+
+    con = api.open_db(args["db"])
+    engine, start_s, peaks = None, 0.0, None
+    if args["workers"]:
+        from replay.distributed.ray_engine import RayEngine
+
+        t = time.perf_counter()
+        engine = RayEngine(num_cpus=args["workers"])
+        engine.start()
+        start_s = time.perf_counter() - t
+        peaks = _WorkerPeaks()
+    t0 = time.perf_counter()
+    summary = api.ingest(con, [args["logs"]], engine=engine or "local")
+    wall = time.perf_counter() - t0
+    workers = sorted(peaks.stop().values(), reverse=True) if peaks is not None else []
+    if engine is not None:
+        engine.close()
+    digest = hashlib.sha256()
+    for t in ("requests", "rejects", "blobs"):
+        digest.update(repr(con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()).encode())
+    out = {"replay_s": round(wall, 3), "ray_start_s": round(start_s, 2), "requests": summary.loaded,
+           "peak_rss_driver_mb": round(_peak_rss_mb(), 1),
+           "peak_rss_workers_mb": [round(w, 1) for w in workers], "digest": digest.hexdigest()[:16]}
+    con.close()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", help="a tokenized database (bench/pipeline.py --keep)")
+    ap.add_argument("--logs", help="time ingest of these logs instead (a fresh database per run)")
     ap.add_argument("--horizon", default="7200", help="seconds, or inf (default 7200: the preset's largest TTL)")
     ap.add_argument("--workers", default="1,2", help="Ray cluster sizes to run (default 1,2)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each engine, alternating (medians reported)")
@@ -121,20 +156,23 @@ def main(argv=None) -> int:
     ap.add_argument("--_args", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a._stage:
-        print(json.dumps({"replay": stage_replay}[a._stage](json.loads(a._args))))
+        print(json.dumps({"replay": stage_replay, "ingest": stage_ingest}[a._stage](json.loads(a._args))))
         return 0
-    if not a.db:
-        ap.error("--db is required")
+    if not a.db and not a.logs:
+        ap.error("--db (the replay) or --logs (ingest) is required")
     horizon_s = None if a.horizon in ("inf", "∞") else float(a.horizon)
     engines = [0] + [int(w) for w in a.workers.split(",") if w]
     runs: dict[int, list[dict]] = {w: [] for w in engines}
-    out = {"db": a.db, "horizon_s": horizon_s, "calibration_loop_s": round(_calibration_s(), 3)}
+    out = {"db": a.db, "logs": a.logs, "horizon_s": horizon_s, "calibration_loop_s": round(_calibration_s(), 3)}
     with tempfile.TemporaryDirectory(prefix="replay-dist-") as tmp:
         for _ in range(a.repeat):
             for w in engines:
                 copy = Path(tmp) / f"w{w}.duckdb"
-                shutil.copy(a.db, copy)
-                runs[w].append(run_stage(__file__, "replay", db=str(copy), horizon_s=horizon_s, workers=w))
+                if a.logs:
+                    runs[w].append(run_stage(__file__, "ingest", db=str(copy), logs=a.logs, workers=w))
+                else:
+                    shutil.copy(a.db, copy)
+                    runs[w].append(run_stage(__file__, "replay", db=str(copy), horizon_s=horizon_s, workers=w))
                 copy.unlink()
                 if not a.json:
                     print(f"{'local' if w == 0 else f'ray-{w}'}: {runs[w][-1]['replay_s']} s", file=sys.stderr)

@@ -11,6 +11,7 @@ re-running a job neither repeats work nor double-counts.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext as _nullcontext
 
 import polars as pl
@@ -36,7 +37,8 @@ from replay.analysis.whatif import FIXES, format_whatif, whatif  # noqa: F401
 from replay.core.grid import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREAMS, DEFAULT_TTLS, Grid  # noqa: F401
 from replay.core.streams import MODES  # noqa: F401
 from replay.core.sweep import sweep as _sweep
-from replay.distributed import ENGINES, DistributedReplayFailed, EngineUnavailable  # noqa: F401
+from replay import distributed
+from replay.distributed import ENGINES, DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable  # noqa: F401
 from replay.distributed import engine_context as replay_engine
 from replay.core.times import format_ttl, parse_ttl  # noqa: F401
 from replay.core.warmup import describe as describe_warmup, parse_warmup  # noqa: F401
@@ -72,11 +74,17 @@ open_db = db.connect
 remove_db = db.remove
 
 
-def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False, tokenizer=None):
+def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False, tokenizer=None,
+           engine=None, address=None):
     """Load logs; with ``tokenizer`` (a ``Tok``) its encoder process is handed the
-    new content as it is found, to encode ahead for the tokenize stage."""
-    return _ingest(con, list(paths), format=format, fields=fields, time_unit=time_unit,
-                   progress=progress, warm=tokenizer.warm if tokenizer is not None else None)
+    new content as it is found, to encode ahead for the tokenize stage.
+    ``engine``: where the files are parsed — ``"local"`` (here), ``"ray"`` (a
+    task per file, written here in the same order: the same rows and ids), or
+    None: the enclosing :func:`replay_engine`'s."""
+    with distributed.using(engine, address) as eng:
+        return _ingest(con, list(paths) if not isinstance(paths, (str, os.PathLike)) else [paths], format=format,
+                       fields=fields, time_unit=time_unit, progress=progress,
+                       warm=tokenizer.warm if tokenizer is not None else None, engine=eng)
 
 
 def tokenize(con, tokenizer=None, progress=False):

@@ -187,3 +187,44 @@ def test_ctrl_c_during_the_replay_stops_the_cluster_and_records_nothing(tmp_path
     assert walksets.stale(con, [("prompt", "global")], INF_US) == [("prompt", "global")]
     con.close()
 
+
+
+# --------------------------------------------------------------------------- files parsed on Ray
+
+def test_files_parsed_on_ray_are_written_as_here(tmp_path):
+    """Each file parsed by a task (``replay.readers.parsed``): the same rows, ids,
+    blobs, rejects, sources and counts as the single process, and re-runs add nothing."""
+    from test_parsed_ingest import dump, mixed_logs
+
+    d = mixed_logs(tmp_path / "logs")
+    got = {}
+    for name in ("local", "ray"):
+        con = api.open_db(str(tmp_path / f"{name}.duckdb"))
+        with api.replay_engine(name) as engine:
+            got[name] = ([api.ingest(con, [str(d)]) for _ in range(2)], dump(con))
+        con.close()
+        if name == "ray":
+            assert engine.mapped == 2 * len(list(d.iterdir()))  # (every file, each run, parsed by a task)
+    assert got["ray"] == got["local"]
+    first, again = got["ray"][0]
+    assert first.loaded > 50 and first.reconciles() and again.loaded == 0
+    assert ray.is_initialized()  # (the module's session: an engine that found it open leaves it open)
+    res = CliRunner().invoke(main, ["ingest", str(d), "--db", str(tmp_path / "cli.duckdb"), "--json",
+                                    "--engine", "ray"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["loaded"] == first.loaded
+
+
+def test_a_file_that_cannot_be_parsed_on_ray_stops_with_its_name():
+    from replay.distributed import DistributedIngestFailed
+
+    def parse(item):
+        if item == "b.jsonl":
+            raise ValueError("cannot parse")
+        return item.upper()
+
+    seen = []
+    with pytest.raises(DistributedIngestFailed, match="parse of b.jsonl raised on Ray.*cannot parse"):
+        for item, got in RayEngine(max_retries=0).map_ordered(parse, ["a.jsonl", "b.jsonl", "c.jsonl"]):
+            seen.append((item, got))
+    assert seen == [("a.jsonl", "A.JSONL")]  # (in order: what came before it is whole)

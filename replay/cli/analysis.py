@@ -189,17 +189,17 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     """
     bpt, _ = kv_model(model, model_config, kv_bytes_per_token, kv_dtype)
     con = api.open_db(db_path)
-    load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
-    try:
-        grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
-                                replicas=replicas, routings=routings, policies=policies, seed=seed,
-                                sample_rate=sample_rate, warmup=warmup)
-        # (--engine: where walks are prepared; the finite-cache pass itself runs here — every
-        # stream shares the replica's pool, so it does not split into independent partitions)
-        with on_engine(engine, address):
+    # (--engine: where the logs are parsed and the walks prepared; the finite-cache pass itself runs
+    # here — every stream shares the replica's pool, so it does not split into independent partitions)
+    with on_engine(engine, address):
+        load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
+        try:
+            grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
+                                    replicas=replicas, routings=routings, policies=policies, seed=seed,
+                                    sample_rate=sample_rate, warmup=warmup)
             df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
+        except ValueError as e:
+            raise click.ClickException(str(e)) from None
     if tp > 1:
         df = df.with_columns((df["capacity_bytes"] // tp).alias("capacity_bytes_per_gpu"))
     if as_json:

@@ -19,7 +19,8 @@ from replay.cli.options import engine_options, on_engine, warmup_option
 @click.option("--json", "as_json", is_flag=True,
               help="Print exactly a JSON object: files, lines, loaded, rejected, skipped_files, by_reason, "
                    "unordered_files (the new files not in time order: path, order).")
-def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
+@engine_options
+def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json, engine, address):
     """Load LOGS (files, globs or directories) into the database.
 
     Every line is either loaded or set aside in the `rejects` table with its
@@ -30,7 +31,9 @@ def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
                                "skipped_files": s.skipped_files, "by_reason": dict(s.rejected_by_reason),
                                "unordered_files": [{"path": p, "order": o} for p, o in s.unordered_files]}))
 
-    load_logs(api.open_db(db_path), logs, fmt, fields, time_unit, quiet=as_json, report=report if as_json else None)
+    with on_engine(engine, address):  # (--engine ray: a task per file, written here in order)
+        load_logs(api.open_db(db_path), logs, fmt, fields, time_unit, quiet=as_json,
+                  report=report if as_json else None)
 
 
 def _is_plain(name: str) -> bool:
@@ -78,8 +81,8 @@ def sweep(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, 
         raise click.BadParameter("the warm-up applies to the ideal sweep, not to --profile sweeps",
                                  param_hint="--warmup")
     con = api.open_db(db_path)
-    load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
     with on_engine(engine, address):
+        load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
         if names:
             df = api.profile_sweep(con, names, g, by_stream=by_stream, tokenizer=tokenizer, progress=not as_json)
         else:
@@ -158,8 +161,8 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
         api.remove_db(db_path)
     con = api.open_db(db_path)
     tok = api.load_tokenizer(tokenizer)  # its encoder process loads and works while ingest runs
-    load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
     with on_engine(engine, address):
+        load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
         path = api.write_report(con, Path(out) / name, g, title=f"Prefix-cache sizing — {name}",
                                 extra_sections=_extra_sections(g, prices, price_model, kv, tok), progress=True,
                                 tokenizer=tok, html=html)

@@ -167,14 +167,16 @@ def _one_ttl(text: str) -> float:
 
 
 def engine_options(f):
-    """``--engine local|ray`` and ``--address``: where the replay computes the walks (run, sweep, capacity)."""
+    """``--engine local|ray`` and ``--address``: where the logs are parsed and the replay computes the walks
+    (ingest, run, sweep, capacity)."""
     f = click.option("--address", default=None,
                      help="With --engine ray: the Ray cluster to use (host:6379, ray://host:10001, or 'auto' for "
                           "one running here). Default: a local cluster with every CPU, started for this command "
                           "and stopped when it ends.")(f)
     return click.option("--engine", type=click.Choice(list(api.ENGINES)), default="local", show_default=True,
-                        help="Where the replay runs: 'local' (this process) or 'ray' (partitioned into Ray tasks; "
-                             "needs the [ray] extra). The walks, and so every figure, are identical.")(f)
+                        help="Where the work runs: 'local' (this process) or 'ray' (each log file parsed by a Ray "
+                             "task, the replay partitioned into Ray tasks; needs the [ray] extra). The rows, and "
+                             "so every figure, are identical.")(f)
 
 
 @contextmanager
@@ -186,7 +188,7 @@ def on_engine(engine: str, address: str | None):
     try:
         with api.replay_engine(engine, address):
             yield
-    except (api.EngineUnavailable, api.DistributedReplayFailed) as e:
+    except (api.EngineUnavailable, api.DistributedReplayFailed, api.DistributedIngestFailed) as e:
         raise click.ClickException(str(e)) from None
 
 

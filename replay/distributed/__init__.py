@@ -1,6 +1,8 @@
 """Where a walk set is computed: this process (the default, and the oracle) or Ray.
 
-An engine only changes *how* the walks of some (variant, mode) sets are
+An engine changes only *where* log files are parsed (``replay.readers.parsed``:
+each file on its own, written by this process in the same order, ids and rows)
+and *how* the walks of some (variant, mode) sets are
 computed (``replay.core.partition``: partitions exact on their own, merged into
 the single pass's rows); ``replay.prepare`` still decides which sets are stale,
 and ``replay.core.replay.replay_stage`` stores the rows and records the sets
@@ -30,6 +32,11 @@ class EngineUnavailable(RuntimeError):
 class DistributedReplayFailed(RuntimeError):
     """A partition of the replay failed on the engine (after its retries): no walk
     set of that replay was recorded current."""
+
+
+class DistributedIngestFailed(RuntimeError):
+    """A file could not be parsed on the engine (after its retries): the files
+    before it are loaded, it and those after are not."""
 
 
 def make(name: str, address: str | None = None, **options):

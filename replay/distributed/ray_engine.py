@@ -39,6 +39,7 @@ and handed to the tasks.
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 
@@ -46,10 +47,11 @@ import numpy as np
 import polars as pl
 
 from replay.core import partition
-from replay.distributed import DistributedReplayFailed
+from replay.distributed import DistributedIngestFailed, DistributedReplayFailed
 from replay.core.prompts import SegmentStore, iter_prompts
 
 FAULT_ENV = "REPLAY_RAY_FAULT"
+_END = object()
 DEFAULT_RETRIES = 3
 
 
@@ -111,6 +113,7 @@ class RayEngine:
         self.max_retries = int(max_retries)
         self._owned = False
         self._started = False
+        self.mapped = 0  # items handed to ``map_ordered``'s tasks (what ran there, not here)
 
     # ---- the session ------------------------------------------------------
     def start(self):
@@ -141,6 +144,49 @@ class RayEngine:
 
     def __exit__(self, *exc):
         self.close()
+
+    # ---- whole files -------------------------------------------------------
+    def map_ordered(self, fn, items, *args):
+        """``(item, fn(item, *args))`` for each of ``items``, in their order, each
+        computed by a Ray task (at most CPUs + 1 in flight, so results wait for
+        the caller only a few at a time). A task that fails after its retries
+        stops the whole with :class:`DistributedIngestFailed` naming its item;
+        the tasks still running are cancelled (also when the caller stops early)."""
+        ray = self.start()
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(fn)
+        todo = iter(items)
+        flight: collections.deque = collections.deque()
+
+        def submit() -> None:
+            while len(flight) <= cpus:
+                item = next(todo, _END)
+                if item is _END:
+                    return
+                flight.append((item, remote.options(name=f"replay:{fn.__name__}").remote(item, *args)))
+                self.mapped += 1
+
+        try:
+            submit()
+            while flight:
+                item, ref = flight.popleft()
+                try:
+                    got = ray.get(ref)
+                except ray.exceptions.RayError as e:
+                    how = ("raised" if isinstance(e, ray.exceptions.RayTaskError) else
+                           f"failed ({type(e).__name__}) after {self.max_retries} retries")
+                    raise DistributedIngestFailed(
+                        f"{fn.__name__} of {item} {how} on Ray: {_first_line(e).rstrip('.')}. The files before "
+                        "it are loaded (each in its own transaction); run the command again to load the rest, "
+                        "or with --engine local") from None
+                submit()
+                yield item, got
+        finally:
+            for _, ref in flight:  # (a failure, Ctrl-C, or a caller that stopped early)
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:  # noqa: BLE001 - already finished or gone
+                    pass
 
     # ---- the replay -------------------------------------------------------
     def replay(self, con, modes, variants, horizon_us: int, sink, progress=None) -> dict:

@@ -22,11 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from replay.readers.blobs import Blobs
 from replay.readers.files import ReadError, describe_error, expand_paths, file_keys, printable_path
 from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_fields
 from replay.readers.loader import FileIngest, FileStats
+from replay.readers.parsed import ParsedFile, parse_file
 from replay.readers.timeorder import FLAGGED
 from replay.readers.writer import Writer
 from replay.store import db
@@ -97,6 +101,7 @@ def ingest(
     progress: bool = False,
     body_blobs: bool | None = None,
     warm=None,
+    engine=None,
 ) -> IngestSummary:
     """Load request logs into `requests` / `rejects` / `sources`.
 
@@ -111,6 +116,11 @@ def ingest(
     `warm`: a callable given lists of (blob id, kind, JSON text) of the new body
     parts as they are found (``Tok.warm``: the encoder process prepares them for
     the tokenize stage) — a hint that changes no result.
+    `engine`: None parses the files here, one after the other; else an object
+    whose ``map_ordered(fn, items, *args)`` yields ``(item, fn(item, *args))``
+    in the items' order, computed anywhere (``replay.distributed``: Ray tasks)
+    — each file is parsed there (``replay.readers.parsed``) and written here,
+    with the same rows, ids and counts.
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -123,10 +133,15 @@ def ingest(
     # A cursor is a second connection to the same database with its own
     # transaction state, so each file can commit alone even if the caller's
     # connection is inside a transaction.
-    run = _Run(con.cursor(), files, format, opts, warm, progress)
+    run = _Run(con.cursor(), files, format, opts, warm, progress, hash_here=engine is None)
     try:
-        for path in files:
-            run.file(path)
+        if engine is None:
+            for path in files:
+                run.file(path)
+        else:
+            known = frozenset(run.known)
+            for path, got in engine.map_ordered(parse_file, files, format, opts, known):
+                run.parsed(path, got)
         run.wait_last_commit()
     finally:
         run.close()
@@ -137,7 +152,7 @@ class _Run:
     """One call of `ingest`: its cursor, writer, counts and the files' hashes."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, files: list[str], forced: str | None, opts: Options,
-                 warm, progress: bool):
+                 warm, progress: bool, hash_here: bool = True):
         self.con = con
         self.forced = forced
         self.opts = opts
@@ -165,7 +180,7 @@ class _Run:
         # new path).
         self.known_paths = {r[0] for r in con.execute("SELECT path FROM sources").fetchall()}
         self.hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-sha256")
-        self.hashes = {path: self.hasher.submit(file_keys, path) for path in dict.fromkeys(files)}
+        self.hashes = {path: self.hasher.submit(file_keys, path) for path in dict.fromkeys(files)} if hash_here else {}
 
     def file(self, path: str) -> None:
         """One file: skipped when its hash is known, else loaded in a transaction of its own."""
@@ -220,7 +235,7 @@ class _Run:
                 return None
         if open_error is not None:
             raise open_error
-        self._commit(job, path, sid, sha, stats)
+        self._commit(path, sid, sha, stats, job.opts.time_unit or job.opts.file_unit)
         return sha, stats, job.next_id if used_ids else None
 
     def _new_sha(self, path: str, fut: Future, begun: bool) -> str | None:
@@ -258,16 +273,16 @@ class _Run:
         self.writer.reject(sid, path, None, "unreadable_file", f"cannot read or decompress the file: {e}")
         return FileStats(format=job.stats.format, lines=1, rejected=1, by_reason={"unreadable_file": 1})
 
-    def _unreadable(self, path: str, e: OSError) -> None:
+    def _unreadable(self, path: str, e: OSError | str) -> None:
         """A file that cannot even be hashed: one reject, no sources row (retried next time)."""
         self.deferred.wait()
         self.con.execute(_FORGET_UNREADABLE, [printable_path(path)])  # the reject of an earlier try: one per file, not per run
-        self.writer.reject(None, path, None, "unreadable_file", describe_error(e))
+        self.writer.reject(None, path, None, "unreadable_file", e if isinstance(e, str) else describe_error(e))
         self.writer.flush()
         _add(self.summary, FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
         _tick(self.fbar)
 
-    def _commit(self, job: FileIngest, path: str, sid: int, sha: str, stats: FileStats) -> None:
+    def _commit(self, path: str, sid: int, sha: str, stats: FileStats, time_unit: str | None) -> None:
         failpoint("ingest.file_loaded")  # (the file's rows are in its open transaction)
         self.writer.flush()
         self.deferred.submit(self.con.execute, _FORGET_UNREADABLE, [printable_path(path)])  # readable now
@@ -275,11 +290,74 @@ class _Run:
                              "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected, "
                              "time_unit, time_order) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              [sid, printable_path(path), sha, stats.format, stats.lines, stats.loaded, stats.rejected,
-                              job.opts.time_unit or job.opts.file_unit, stats.time_order])
+                              time_unit, stats.time_order])
         # committed on the deferred thread while the next file is read; an error
         # there is raised at the next file's first insert, or at the end
         self.deferred.submit(self.con.commit)
         self.deferred.submit(failpoint, "ingest.file_committed")
+
+    def parsed(self, path: str, got: ParsedFile) -> None:
+        """A file parsed elsewhere (``replay.readers.parsed``): the decisions and
+        rows of :meth:`file`, its request ids, source id and new blobs placed here."""
+        self.summary.files += 1
+        if got.status == "unopenable":
+            self._unreadable(path, got.error)
+            return
+        sha = got.keys[0]
+        if got.status == "known" or any(k in self.known for k in got.keys):
+            self.summary.skipped_files += 1
+            _tick(self.fbar)
+            return
+        sid, first = self.next_sid, self.next_id
+        self.deferred.submit(self.con.begin)
+        try:
+            if got.status == "unreadable":
+                stats = FileStats(format=got.stats.format, lines=1, rejected=1, by_reason={"unreadable_file": 1})
+                self.writer.reject(sid, path, None, "unreadable_file",
+                                   f"cannot read or decompress the file: {got.error}")
+            else:
+                stats = got.stats
+                self._place(got, sid, first)
+            self._commit(path, sid, sha, stats, got.time_unit)
+        except BaseException:
+            self.writer.discard()
+            self.deferred.wait(raise_errors=False)
+            db.rollback_quietly(self.con)
+            raise
+        if got.status == "ok":
+            self.next_id = first + got.ids
+        self.known.add(sha)
+        self.next_sid += 1
+        _add(self.summary, stats)
+        if stats.time_order in FLAGGED:
+            self.summary.unordered_files.append((printable_path(path), stats.time_order))
+        if self.lbar is not None:
+            self.lbar.update(stats.lines)
+        _tick(self.fbar)
+
+    def _place(self, got: ParsedFile, sid: int, first: int) -> None:
+        """A parsed file's tables with its source id, its request ids from ``first``,
+        and only the blobs no earlier file stored, handed to the writer."""
+        if got.blobs is not None and got.blobs.num_rows and self.blobs is not None:
+            known = self.blobs.known
+            ids = got.blobs.column("blob_id").to_pylist()
+            new = np.fromiter((b not in known for b in ids), dtype=bool, count=len(ids))
+            blobs = got.blobs.filter(pa.array(new))
+            known.update(blobs.column("blob_id").to_pylist())
+            blobs = blobs.set_column(3, "first_request", pc.add(blobs.column("first_request"), first))
+            self.writer.insert("blobs", blobs)
+            if self.blobs.warm is not None:
+                self.blobs.warm([(b, k, t) for b, k, t in zip(*(blobs.column(c).to_pylist()
+                                                                for c in ("blob_id", "kind", "text"))) if k != "glue"])
+        for name, tbl in (("requests", got.requests), ("rejects", got.rejects)):
+            if tbl is None or not tbl.num_rows:
+                continue
+            if name == "requests":
+                i = tbl.schema.get_field_index("request_id")
+                tbl = tbl.set_column(i, "request_id", pc.add(tbl.column(i), first))
+            i = tbl.schema.get_field_index("source_id")
+            tbl = tbl.set_column(i, "source_id", pa.array(np.full(tbl.num_rows, sid, dtype=np.int64)))
+            self.writer.insert(name, tbl)
 
     def wait_last_commit(self) -> None:
         try:

@@ -100,6 +100,12 @@ class Writer:
         if self.n_rej >= self.batch_rows:
             self._flush_rejects()
 
+    def insert(self, table: str, tbl: pa.Table) -> None:
+        """Insert a whole Arrow table (``requests``, ``rejects`` or ``blobs``) as one batch."""
+        schema = {"requests": REQUEST_SCHEMA, "rejects": REJECT_SCHEMA, "blobs": BLOB_SCHEMA}[table]
+        if tbl.num_rows:
+            self._insert(table, tbl.select(schema.names).cast(schema), schema)
+
     def _insert(self, table: str, cols, schema: pa.Schema) -> None:
         # (the Arrow table is built here: from Python lists, that needs the interpreter lock)
         tbl = cols if isinstance(cols, pa.Table) else pa.Table.from_pydict(cols, schema=schema)

@@ -1,0 +1,118 @@
+"""Files parsed elsewhere (``replay.readers.parsed``, ``ingest(engine=)``) are
+written as the single process writes them: the same rows, ids, blobs, rejects,
+sources and counts, first time and on every re-run. The engine here runs each
+file's parse in this process (Ray's is checked in ``test_ray.py``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from replay import api
+from replay.readers.parsed import parse_file
+from test_chat_template import conversations_log
+from test_ingest import anthropic_wrapped, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLES = {"requests": "*", "rejects": "*", "blobs": "*",
+          "sources": "source_id, path, sha256, format, lines, loaded, rejected, time_unit"}
+
+
+class InProcess:
+    """An engine that parses each file here, in order (what Ray's does, without Ray)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def map_ordered(self, fn, items, *args):
+        for item in items:
+            self.calls += 1
+            yield item, fn(item, *args)
+
+
+def mixed_logs(d: Path) -> Path:
+    """Files of every kind ingest meets: growing conversations sharing messages
+    across files, rejects of many reasons, a truncated .gz, the same content
+    compressed twice, the shipped sample, a JSON array."""
+    d.mkdir(parents=True, exist_ok=True)
+    for k, seeds in enumerate([(1, 2), (2, 3), (4,)]):  # (seed 2 in two files: shared blobs across files)
+        conversations_log(seeds, "anthropic" if k != 1 else "openai", d / f"conv{k}.jsonl", n_conv=3, turns=4)
+    good = anthropic_wrapped()
+    (d / "mixed.jsonl").write_text("\n".join([json.dumps(good), "", '{"timestamp": 1, "req', json.dumps(
+        {**good, "timestamp": "next tuesday"}), json.dumps([1]), json.dumps(anthropic_wrapped(ts=5))]) + "\n")
+    data = gzip.compress(("\n".join(json.dumps(anthropic_wrapped(ts=i)) for i in range(50))).encode())
+    (d / "broken.jsonl.gz").write_bytes(data[: len(data) // 2])
+    rows = [anthropic_wrapped(ts=100 + i) for i in range(7)]
+    write_jsonl(d / "twice.jsonl.gz", rows, opener=gzip.open)
+    write_jsonl(d / "twice_copy.jsonl", rows)
+    (d / "array.json").write_text(json.dumps([anthropic_wrapped(ts=200 + i) for i in range(3)]))
+    for f in sorted((ROOT / "data").rglob("*")):
+        if f.is_file() and not f.name.startswith("."):
+            shutil.copy(f, d / f"sample_{f.name}")
+    return d
+
+
+def dump(con) -> dict:
+    return {t: con.execute(f"SELECT {cols} FROM {t} ORDER BY ALL").fetchall() for t, cols in TABLES.items()}
+
+
+def ingest_both(tmp_path: Path, runs: list[list[str]]):
+    """Each run's paths ingested locally and through :class:`InProcess`, one
+    database each: (summaries, tables) per way."""
+    out = {}
+    for way, engine in (("local", None), ("parsed", InProcess())):
+        con = api.open_db(str(tmp_path / f"{way}.duckdb"))
+        summaries = [api.ingest(con, paths, engine=engine) for paths in runs]
+        out[way] = (summaries, dump(con))
+        con.close()
+    return out
+
+
+def test_parsed_files_are_written_as_the_single_process_writes_them(tmp_path):
+    d = mixed_logs(tmp_path / "logs")
+    later = write_jsonl(tmp_path / "later.jsonl", [anthropic_wrapped(ts=900 + i) for i in range(4)])
+    got = ingest_both(tmp_path, [[str(d)], [str(d)], [str(d), str(later)]])
+    (local_s, local_t), (parsed_s, parsed_t) = got["local"], got["parsed"]
+    assert local_s == parsed_s
+    assert local_t == parsed_t
+    first, again, more = parsed_s
+    assert first.reconciles() and first.loaded > 50 and first.rejected >= 5
+    assert first.skipped_files == 1  # (the same rows compressed and not: one file)
+    assert (again.loaded, again.skipped_files) == (0, again.files)  # re-running never double-counts
+    assert (more.loaded, more.skipped_files) == (4, more.files - 1)
+    assert len(parsed_t["blobs"]) > 0 and len(parsed_t["sources"]) == first.files - first.skipped_files + 1
+    # (ids dense and in file order, as the single process gives them)
+    assert [r[0] for r in parsed_t["requests"]] == list(range(1, first.loaded + more.loaded + 1))
+
+
+@pytest.mark.parametrize("seed", [5, 6])
+def test_blobs_first_used_in_a_later_file_keep_their_first_request(tmp_path, seed):
+    d = tmp_path / "logs"
+    d.mkdir()
+    conversations_log((seed,), "anthropic", d / "a.jsonl", n_conv=2, turns=3)
+    conversations_log((seed, seed + 10), "anthropic", d / "b.jsonl", n_conv=2, turns=5)
+    got = ingest_both(tmp_path, [[str(d / "a.jsonl"), str(d / "b.jsonl")]])
+    assert got["local"] == got["parsed"]
+    blobs = got["parsed"][1]["blobs"]
+    assert len({b[0] for b in blobs}) == len(blobs)  # each blob once, whichever files share it
+
+
+def test_a_file_already_ingested_is_not_parsed_again(tmp_path):
+    p = write_jsonl(tmp_path / "a.jsonl", [anthropic_wrapped(ts=i) for i in range(5)])
+    con = api.open_db(str(tmp_path / "db.duckdb"))
+    api.ingest(con, [str(p)], engine=InProcess())
+    sha = con.execute("SELECT sha256 FROM sources").fetchone()[0]
+    con.close()
+    assert parse_file(str(p), None, _opts(), frozenset({sha})).status == "known"
+    assert parse_file(str(p), None, _opts()).stats.loaded == 5
+    assert parse_file(str(tmp_path / "missing.jsonl"), None, _opts()).status == "unopenable"
+
+
+def _opts():
+    from replay.readers.formats import Options
+
+    return Options(fields={}, time_unit=None, split_body=True)
