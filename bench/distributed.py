@@ -19,9 +19,12 @@ process's peak RSS (sampled every 50 ms from /proc: workers are the raylet's
 children, not the driver's), and a digest of the ``walks`` table
 (``rows_identical``: every engine's rows equal the local pass's).
 
-With ``--logs DIR`` the stage timed is ingest instead (``api.ingest`` into a
-fresh database, each file parsed by a Ray task and written by the driver), the
-digest over ``requests``, ``rejects`` and ``blobs`` (``replay_s`` is then the ingest's wall time).
+With ``--logs DIR`` the stages timed are ingest and tokenize instead
+(``api.ingest`` into a fresh database with the default tokenizer, as ``replay
+run`` does — on Ray each file parsed, and its new body parts rendered and
+encoded, by a task — then ``api.tokenize``): ``replay_s`` is then their
+sum, ``ingest_s`` and ``tokenize_s`` each, and the digest covers
+``requests``, ``rejects``, ``blobs``, ``segments`` and ``prompts``.
 """
 
 from __future__ import annotations
@@ -124,20 +127,25 @@ def stage_ingest(args: dict) -> dict:
         from replay.distributed.ray_engine import RayEngine
 
         t = time.perf_counter()
-        engine = RayEngine(num_cpus=args["workers"])
+        engine = RayEngine(num_cpus=args["workers"], prepare_parts=args.get("prepare_parts") or None)
         engine.start()
         start_s = time.perf_counter() - t
         peaks = _WorkerPeaks()
+    tok = api.load_tokenizer(None)  # (as `replay run` does: its encoder process loads beside ingest)
     t0 = time.perf_counter()
-    summary = api.ingest(con, [args["logs"]], engine=engine or "local")
+    summary = api.ingest(con, [args["logs"]], engine=engine or "local", tokenizer=tok)
+    t1 = time.perf_counter()
+    api.tokenize(con, tok)
     wall = time.perf_counter() - t0
+    tok.close()
     workers = sorted(peaks.stop().values(), reverse=True) if peaks is not None else []
     if engine is not None:
         engine.close()
     digest = hashlib.sha256()
-    for t in ("requests", "rejects", "blobs"):
+    for t in ("requests", "rejects", "blobs", "segments", "prompts"):
         digest.update(repr(con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall()).encode())
-    out = {"replay_s": round(wall, 3), "ray_start_s": round(start_s, 2), "requests": summary.loaded,
+    out = {"replay_s": round(wall, 3), "ingest_s": round(t1 - t0, 3), "tokenize_s": round(wall - (t1 - t0), 3),
+           "ray_start_s": round(start_s, 2), "requests": summary.loaded,
            "peak_rss_driver_mb": round(_peak_rss_mb(), 1),
            "peak_rss_workers_mb": [round(w, 1) for w in workers], "digest": digest.hexdigest()[:16]}
     con.close()
@@ -148,6 +156,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", help="a tokenized database (bench/pipeline.py --keep)")
     ap.add_argument("--logs", help="time ingest of these logs instead (a fresh database per run)")
+    ap.add_argument("--prepare-parts", action="store_true",
+                    help="with --logs: the tasks also render and encode their files' body parts (default: only "
+                         "on a cluster larger than this machine)")
     ap.add_argument("--horizon", default="7200", help="seconds, or inf (default 7200: the preset's largest TTL)")
     ap.add_argument("--workers", default="1,2", help="Ray cluster sizes to run (default 1,2)")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each engine, alternating (medians reported)")
@@ -169,7 +180,8 @@ def main(argv=None) -> int:
             for w in engines:
                 copy = Path(tmp) / f"w{w}.duckdb"
                 if a.logs:
-                    runs[w].append(run_stage(__file__, "ingest", db=str(copy), logs=a.logs, workers=w))
+                    runs[w].append(run_stage(__file__, "ingest", db=str(copy), logs=a.logs, workers=w,
+                                             prepare_parts=a.prepare_parts))
                 else:
                     shutil.copy(a.db, copy)
                     runs[w].append(run_stage(__file__, "replay", db=str(copy), horizon_s=horizon_s, workers=w))
@@ -185,6 +197,9 @@ def main(argv=None) -> int:
                      "peak_rss_driver_mb": max(r["peak_rss_driver_mb"] for r in rs),
                      "peak_rss_workers_mb": max((r["peak_rss_workers_mb"] for r in rs), key=lambda x: x[:1]),
                      "rows_identical": all(r["digest"] == digest for r in rs)}
+        for k in ("ingest_s", "tokenize_s"):
+            if k in rs[0]:
+                out[name][k] = sorted(r[k] for r in rs)[len(rs) // 2]
     for w in engines[1:]:
         out[f"ray-{w}"]["ratio_vs_local"] = round(out[f"ray-{w}"]["replay_s_median"] / out["local"]["replay_s_median"], 3)
     if len(engines) > 2:

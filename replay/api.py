@@ -11,6 +11,7 @@ re-running a job neither repeats work nor double-counts.
 
 from __future__ import annotations
 
+import functools
 import os
 from contextlib import nullcontext as _nullcontext
 
@@ -54,6 +55,7 @@ from replay.readers.files import InputUnreachable  # noqa: F401
 from replay.readers.formats import FORMATS, TIME_UNITS  # noqa: F401
 from replay.readers.ingest import IngestSummary, summary_text  # noqa: F401
 from replay.readers.ingest import ingest as _ingest
+from replay.readers.parsed import parse_file as _parse_file
 from replay.store import db
 from replay.store.db import DEFAULT_DB  # noqa: F401
 from replay.synth.generator import generate as synth  # noqa: F401
@@ -82,9 +84,18 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False,
     task per file, written here in the same order: the same rows and ids), or
     None: the enclosing :func:`replay_engine`'s."""
     with distributed.using(engine, address) as eng:
+        parse, prepared = _parse_file, None
+        if (eng is not None and tokenizer is not None and tokenizer.render == "neutral"
+                and getattr(eng, "prepares_parts", lambda: False)()):
+            # (each task also renders and encodes its file's new body parts, with the reference)
+            from replay.distributed.files import parse_and_prepare
+
+            parse = functools.partial(parse_and_prepare, tokenizer_json=str(tokenizer.path))
+            prepared = tokenizer.add_prepared
         return _ingest(con, list(paths) if not isinstance(paths, (str, os.PathLike)) else [paths], format=format,
                        fields=fields, time_unit=time_unit, progress=progress,
-                       warm=tokenizer.warm if tokenizer is not None else None, engine=eng)
+                       warm=tokenizer.warm if tokenizer is not None else None, engine=eng, parse=parse,
+                       prepared=prepared)
 
 
 def tokenize(con, tokenizer=None, progress=False):

@@ -28,6 +28,9 @@ class InProcess:
     def __init__(self):
         self.calls = 0
 
+    def prepares_parts(self) -> bool:
+        return True
+
     def map_ordered(self, fn, items, *args):
         for item in items:
             self.calls += 1
@@ -116,3 +119,32 @@ def _opts():
     from replay.readers.formats import Options
 
     return Options(fields={}, time_unit=None, split_body=True)
+
+
+def test_parts_prepared_with_the_parse_give_the_same_tokens(tmp_path):
+    """A neutral tokenizer's parts rendered and encoded where each file is parsed
+    (``replay.distributed.files``, the reference alone) are taken by the tokenize
+    stage: the same segments and prompts as the single process's."""
+    d = mixed_logs(tmp_path / "logs")
+    rows, taken = {}, {}
+    for way, engine in (("local", None), ("parsed", InProcess())):
+        con = api.open_db(str(tmp_path / f"{way}.duckdb"))
+        tok = api.load_tokenizer(None)  # (here: the encoder process's shortcuts; there: the reference)
+        try:
+            api.ingest(con, [str(d)], tokenizer=tok, engine=engine)
+            waiting = len(tok._elsewhere[0])
+            left = []
+            settle = tok.settle
+            tok.settle = lambda: (left.append(len(tok._elsewhere[0])), settle())[1]
+            api.tokenize(con, tok)
+            taken[way] = waiting - left[0]
+        finally:
+            tok.close()
+        rows[way] = [con.execute(q).fetchall() for q in (
+            "SELECT seg_id, n_tokens, tokens FROM segments ORDER BY seg_id",
+            "SELECT request_id, n_tokens, seg_ids, seg_parts, output_seg_ids FROM prompts ORDER BY request_id",
+            "SELECT request_id, reason FROM set_aside ORDER BY ALL")]
+        con.close()
+    assert rows["parsed"] == rows["local"]
+    assert len(rows["local"][1]) > 50
+    assert taken["local"] == 0 and taken["parsed"] > 20  # (the prepared parts were used)

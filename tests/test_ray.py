@@ -228,3 +228,28 @@ def test_a_file_that_cannot_be_parsed_on_ray_stops_with_its_name():
         for item, got in RayEngine(max_retries=0).map_ordered(parse, ["a.jsonl", "b.jsonl", "c.jsonl"]):
             seen.append((item, got))
     assert seen == [("a.jsonl", "A.JSONL")]  # (in order: what came before it is whole)
+
+
+def test_parts_prepared_on_ray_tokenize_as_here(tmp_path):
+    """Each task also renders and encodes its file's new body parts (the
+    reference tokenizer; asked for here: by default only on a cluster larger
+    than this machine): the tokenize stage takes them, with the same rows."""
+    from test_parsed_ingest import mixed_logs
+
+    d = mixed_logs(tmp_path / "logs")
+    rows = {}
+    for name in ("local", "ray"):
+        con = api.open_db(str(tmp_path / f"t{name}.duckdb"))
+        tok = api.load_tokenizer(None)
+        try:
+            api.ingest(con, [str(d)], tokenizer=tok, engine=RayEngine(prepare_parts=True) if name == "ray" else name)
+            if name == "ray":
+                assert len(tok._elsewhere[0]) > 20  # (parts prepared by the tasks, waiting)
+            api.tokenize(con, tok)
+        finally:
+            tok.close()
+        rows[name] = [con.execute(q).fetchall() for q in (
+            "SELECT seg_id, n_tokens, tokens FROM segments ORDER BY seg_id",
+            "SELECT request_id, n_tokens, seg_ids, seg_parts, output_seg_ids FROM prompts ORDER BY request_id")]
+        con.close()
+    assert rows["ray"] == rows["local"] and len(rows["local"][1]) > 50

@@ -61,6 +61,10 @@ def _run(task: partition.Task, variants, horizon_us: int, segments, fault: str |
     return partition.run_task(task, variants, horizon_us, SegmentStore(table=segments))
 
 
+def _apply(fn, item, *args):
+    return fn(item, *args)
+
+
 class _Segments:
     """The segments table, and the part of it each task needs (its prompts' and
     outputs' segments): a worker holds its partition's unique tokens, not the log's."""
@@ -105,7 +109,8 @@ class RayEngine:
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, partitions: int | None = None,
-                 depth: int = partition.DEFAULT_DEPTH, max_retries: int = DEFAULT_RETRIES):
+                 depth: int = partition.DEFAULT_DEPTH, max_retries: int = DEFAULT_RETRIES,
+                 prepare_parts: bool | None = None):
         self.address = address
         self.num_cpus = num_cpus
         self.partitions = partitions
@@ -114,6 +119,7 @@ class RayEngine:
         self._owned = False
         self._started = False
         self.mapped = 0  # items handed to ``map_ordered``'s tasks (what ran there, not here)
+        self.prepare_parts = prepare_parts
 
     # ---- the session ------------------------------------------------------
     def start(self):
@@ -146,6 +152,17 @@ class RayEngine:
         self.close()
 
     # ---- whole files -------------------------------------------------------
+    def prepares_parts(self) -> bool:
+        """Should the tasks parsing files also render and encode their body parts
+        (``replay.distributed.files``)? ``prepare_parts`` when given; else only
+        on a cluster with more CPUs than this machine: here the encoder process
+        already does it on a core of its own, while ingest runs, faster than
+        tasks that each load the reference tokenizer (bench/README.md)."""
+        if self.prepare_parts is not None:
+            return bool(self.prepare_parts)
+        ray = self.start()
+        return int(ray.cluster_resources().get("CPU", 1)) > (os.cpu_count() or 1)
+
     def map_ordered(self, fn, items, *args):
         """``(item, fn(item, *args))`` for each of ``items``, in their order, each
         computed by a Ray task (at most CPUs + 1 in flight, so results wait for
@@ -154,7 +171,8 @@ class RayEngine:
         the tasks still running are cancelled (also when the caller stops early)."""
         ray = self.start()
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(fn)
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(_apply)  # (fn may be a partial)
+        name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "task")
         todo = iter(items)
         flight: collections.deque = collections.deque()
 
@@ -163,7 +181,7 @@ class RayEngine:
                 item = next(todo, _END)
                 if item is _END:
                     return
-                flight.append((item, remote.options(name=f"replay:{fn.__name__}").remote(item, *args)))
+                flight.append((item, remote.options(name=f"replay:{name}").remote(fn, item, *args)))
                 self.mapped += 1
 
         try:
@@ -176,7 +194,7 @@ class RayEngine:
                     how = ("raised" if isinstance(e, ray.exceptions.RayTaskError) else
                            f"failed ({type(e).__name__}) after {self.max_retries} retries")
                     raise DistributedIngestFailed(
-                        f"{fn.__name__} of {item} {how} on Ray: {_first_line(e).rstrip('.')}. The files before "
+                        f"{name} of {item} {how} on Ray: {_first_line(e).rstrip('.')}. The files before "
                         "it are loaded (each in its own transaction); run the command again to load the rest, "
                         "or with --engine local") from None
                 submit()

@@ -102,6 +102,8 @@ def ingest(
     body_blobs: bool | None = None,
     warm=None,
     engine=None,
+    parse=parse_file,
+    prepared=None,
 ) -> IngestSummary:
     """Load request logs into `requests` / `rejects` / `sources`.
 
@@ -119,8 +121,10 @@ def ingest(
     `engine`: None parses the files here, one after the other; else an object
     whose ``map_ordered(fn, items, *args)`` yields ``(item, fn(item, *args))``
     in the items' order, computed anywhere (``replay.distributed``: Ray tasks)
-    — each file is parsed there (``replay.readers.parsed``) and written here,
-    with the same rows, ids and counts.
+    — each file is parsed there by ``parse`` (``parsed.parse_file``, or one that
+    also prepares its body parts: ``replay.distributed.files``) and written here,
+    with the same rows, ids and counts; ``prepared`` (instead of ``warm``) is
+    handed the prepared parts of the blobs stored (``Tok.add_prepared``).
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -134,13 +138,14 @@ def ingest(
     # transaction state, so each file can commit alone even if the caller's
     # connection is inside a transaction.
     run = _Run(con.cursor(), files, format, opts, warm, progress, hash_here=engine is None)
+    run.prepared = prepared
     try:
         if engine is None:
             for path in files:
                 run.file(path)
         else:
             known = frozenset(run.known)
-            for path, got in engine.map_ordered(parse_file, files, format, opts, known):
+            for path, got in engine.map_ordered(parse, files, format, opts, known):
                 run.parsed(path, got)
         run.wait_last_commit()
     finally:
@@ -181,6 +186,7 @@ class _Run:
         self.known_paths = {r[0] for r in con.execute("SELECT path FROM sources").fetchall()}
         self.hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-sha256")
         self.hashes = {path: self.hasher.submit(file_keys, path) for path in dict.fromkeys(files)} if hash_here else {}
+        self.prepared = None  # (``ingest``'s: where parts prepared with a parsed file go)
 
     def file(self, path: str) -> None:
         """One file: skipped when its hash is known, else loaded in a transaction of its own."""
@@ -346,7 +352,12 @@ class _Run:
             known.update(blobs.column("blob_id").to_pylist())
             blobs = blobs.set_column(3, "first_request", pc.add(blobs.column("first_request"), first))
             self.writer.insert("blobs", blobs)
-            if self.blobs.warm is not None:
+            if got.prepared is not None and self.prepared is not None:
+                stored = set(blobs.column("blob_id").to_pylist())
+                parts = {b: v for b, v in got.prepared[0].items() if b in stored}
+                need = {int(s) for _, sids, _ in parts.values() for s in sids}
+                self.prepared(parts, {s: t for s, t in got.prepared[1].items() if s in need})
+            elif self.blobs.warm is not None:
                 self.blobs.warm([(b, k, t) for b, k, t in zip(*(blobs.column(c).to_pylist()
                                                                 for c in ("blob_id", "kind", "text"))) if k != "glue"])
         for name, tbl in (("requests", got.requests), ("rejects", got.rejects)):

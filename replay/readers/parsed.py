@@ -58,6 +58,8 @@ class ParsedFile:
     ids: int = 0
     error: str = ""
     time_unit: str | None = None  # the unit its numeric timestamps were read in (``sources.time_unit``)
+    # its body parts rendered and encoded where it was parsed (``replay.distributed.files``), or None
+    prepared: tuple | None = None
 
 
 def parse_file(path: str, forced: str | None, opts: Options, known: frozenset = frozenset()) -> ParsedFile:

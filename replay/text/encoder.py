@@ -188,6 +188,16 @@ class PreparedBlobs:
     def empty(cls) -> "PreparedBlobs":
         return cls([], [], np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int32))
 
+    @classmethod
+    def joined(cls, parts: dict, more: "PreparedBlobs") -> "PreparedBlobs":
+        """``parts`` (blob id → (kind, segment ids, parts), as ``Prepared`` keeps
+        them) followed by ``more``."""
+        ids, values = list(parts), list(parts.values())
+        return cls(ids + more.ids, [v[0] for v in values] + more.kinds,
+                   np.concatenate([np.asarray(v[1], np.uint64) for v in values] + [more.seg_ids]),
+                   np.concatenate([np.array([len(v[1]) for v in values], np.int64), more.lengths]),
+                   np.concatenate([np.asarray(v[2], np.int32) for v in values] + [more.parts]))
+
 
 class EncoderGone(RuntimeError):
     pass

@@ -120,6 +120,7 @@ class Tok:
         self._engine: engine.Engine | None = None
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
         self._lost = False  # an encoder process ended: what it handed out may be unchecked
+        self._elsewhere: tuple = ({}, {}, [0])  # parts, tokens prepared elsewhere, tokens added (add_prepared)
 
     # ------------------------------------------------------------ the tokenizer itself
     def _local_tokenizer(self):
@@ -183,20 +184,43 @@ class Tok:
         if parts and self.render == renderers.NEUTRAL:  # (the process renders parts neutrally)
             self._from_process(lambda p: p.warm(parts))
 
+    def add_prepared(self, parts: dict, tokens: dict) -> None:
+        """Body parts rendered and encoded elsewhere with the reference tokenizer
+        (``replay.distributed.files``: blob id → (kind, segment ids, parts); segment
+        id → tokens): exact, so they need no check, and they are taken before the
+        encoder process's."""
+        if self.render != renderers.NEUTRAL:
+            return
+        held = self._elsewhere[2]
+        if held[0] >= encoder.PREPARED_TOKENS:  # (as many as the encoder process keeps: past them, hints dropped)
+            return
+        self._elsewhere[0].update(parts)
+        self._elsewhere[1].update(tokens)
+        held[0] += sum(len(t) for t in tokens.values())
+
     def take_blobs_flat(self, blob_ids: list[int]) -> "encoder.PreparedBlobs":
         """The parts among ``blob_ids`` that were prepared ahead, as flat arrays
-        (``encoder.PreparedBlobs``; handed over once; none without the process)."""
+        (``encoder.PreparedBlobs``; handed over once; none without the process
+        or :meth:`add_prepared`)."""
         none = encoder.PreparedBlobs.empty()
-        return self._from_process(lambda p: p.take_blobs_flat(blob_ids), none) if blob_ids else none
+        mine = {b: v for b, v in ((b, self._elsewhere[0].pop(b, None)) for b in blob_ids) if v is not None}
+        rest = [b for b in blob_ids if b not in mine] if mine else blob_ids
+        got = self._from_process(lambda p: p.take_blobs_flat(rest), none) if rest else none
+        return encoder.PreparedBlobs.joined(mine, got) if mine else got
 
     def take_segments(self, seg_ids: list[int]) -> dict:
         """seg id → tokens of the prepared segments among ``seg_ids``."""
-        return self._from_process(lambda p: p.take_segments(seg_ids), {}) if seg_ids else {}
+        mine = {s: t for s, t in ((s, self._elsewhere[1].pop(s, None)) for s in seg_ids) if t is not None}
+        rest = [s for s in seg_ids if s not in mine] if mine else seg_ids
+        if rest:
+            mine.update(self._from_process(lambda p: p.take_segments(rest), {}) or {})
+        return mine
 
     def settle(self) -> None:
         """No more prepared parts will be taken: the encoder process may now load
         the reference and run the checks that waited for it, beside whatever this
         process does next (:meth:`verdict` waits for them)."""
+        self._elsewhere = ({}, {}, [0])  # (what was not taken: its blobs were rendered already)
         self._from_process(lambda p: p.settle())
 
     def verdict(self) -> list[str]:
