@@ -7,6 +7,7 @@ each task in this process when its result is asked for.
 * at most CPUs + 1 tasks are in flight, the shallow task first.
 """
 
+import sys
 import types
 
 import numpy as np
@@ -124,3 +125,21 @@ def test_each_task_is_shipped_only_the_segments_its_prompts_use(sample_con, monk
         got = set(segments.of(task).column("seg_id").to_pylist())
         want = {int(s) for p in task.prompts if p.symbols is None for s in np.asarray(p.seg_ids)}
         assert got == want, task.name
+
+
+@pytest.mark.parametrize("cause, hint", [
+    (ConnectionError("Failed to connect to Ray cluster at 10.0.0.9:6379"), "check the address"),
+    (RuntimeError("InvalidAuthToken: Authentication token is missing or incorrect"), "token authentication")])
+def test_a_cluster_that_cannot_be_joined_is_a_plain_error(monkeypatch, cause, hint):
+    """``--address`` naming a cluster this machine cannot join: an error that
+    says what to do (the CLI's exit 1), never Ray's traceback."""
+    def init(**_):
+        try:
+            raise cause
+        except Exception as inner:  # (Ray wraps the cause: the hint is read from the chain)
+            raise ConnectionError("Failed to connect to Ray cluster") from inner
+
+    stand_in = types.SimpleNamespace(is_initialized=lambda: False, init=init)
+    monkeypatch.setitem(sys.modules, "ray", stand_in)
+    with pytest.raises(api.EngineUnavailable, match=f"cannot join the Ray cluster at 10.0.0.9:6379.*{hint}"):
+        ray_engine.RayEngine(address="10.0.0.9:6379").start()

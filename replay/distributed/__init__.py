@@ -26,7 +26,8 @@ _current: contextvars.ContextVar = contextvars.ContextVar("replay_engine", defau
 
 
 class EngineUnavailable(RuntimeError):
-    """The engine asked for cannot run here (Ray not installed)."""
+    """The engine asked for cannot run here (Ray not installed, or the cluster
+    named by ``address`` cannot be joined)."""
 
 
 class DistributedReplayFailed(RuntimeError):

@@ -47,7 +47,7 @@ import numpy as np
 import polars as pl
 
 from replay.core import partition
-from replay.distributed import DistributedIngestFailed, DistributedReplayFailed
+from replay.distributed import DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable
 from replay.core.prompts import SegmentStore, iter_prompts
 
 FAULT_ENV = "REPLAY_RAY_FAULT"
@@ -131,7 +131,10 @@ class RayEngine:
             else:
                 opts = {"include_dashboard": False, "log_to_driver": False}
                 if self.address:
-                    ray.init(address=self.address, **opts)
+                    try:
+                        ray.init(address=self.address, **opts)
+                    except Exception as e:  # noqa: BLE001 - ConnectionError, RuntimeError, an auth error
+                        raise EngineUnavailable(_unreachable(self.address, e)) from None
                 else:
                     ray.init(num_cpus=self.num_cpus, **opts)
                 self._owned = True
@@ -278,6 +281,20 @@ class RayEngine:
                     pass
             raise
         return {"_nodes": nodes}
+
+
+def _unreachable(address: str, e: BaseException) -> str:
+    """What to say when the cluster at ``address`` cannot be joined."""
+    chain, seen = [], e
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    auth = any("authentication" in f"{type(x).__name__} {x}".lower() for x in chain)
+    hint = ("the cluster uses token authentication (the default of `ray start` in recent Ray): give this "
+            "command its token (RAY_AUTH_MODE=token with RAY_AUTH_TOKEN or ~/.ray/auth_token)" if auth else
+            "check the address (`ray status --address ADDRESS`) and that this machine can reach it")
+    return (f"cannot join the Ray cluster at {address}: {_first_line(e).rstrip('.')}; {hint}; "
+            "or run with --engine local")
 
 
 def _first_line(e: BaseException) -> str:
