@@ -154,6 +154,12 @@ class RayEngine:
     def __exit__(self, *exc):
         self.close()
 
+    def _failed(self, ray, e: BaseException) -> str:
+        """How a task failed, for the error that stops the command."""
+        how = ("raised" if isinstance(e, ray.exceptions.RayTaskError) else
+               f"failed ({type(e).__name__}) after {self.max_retries} retries")
+        return f"{how} on Ray: {_first_line(e).rstrip('.')}"
+
     # ---- whole files -------------------------------------------------------
     def prepares_parts(self) -> bool:
         """Should the tasks parsing files also render and encode their body parts
@@ -194,20 +200,14 @@ class RayEngine:
                 try:
                     got = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    how = ("raised" if isinstance(e, ray.exceptions.RayTaskError) else
-                           f"failed ({type(e).__name__}) after {self.max_retries} retries")
                     raise DistributedIngestFailed(
-                        f"{name} of {item} {how} on Ray: {_first_line(e).rstrip('.')}. The files before "
+                        f"{name} of {item} {self._failed(ray, e)}. The files before "
                         "it are loaded (each in its own transaction); run the command again to load the rest, "
                         "or with --engine local") from None
                 submit()
                 yield item, got
         finally:
-            for _, ref in flight:  # (a failure, Ctrl-C, or a caller that stopped early)
-                try:
-                    ray.cancel(ref, force=True)
-                except Exception:  # noqa: BLE001 - already finished or gone
-                    pass
+            _cancel(ray, [ref for _, ref in flight])  # (a failure, Ctrl-C, or a caller that stopped early)
 
     # ---- the replay -------------------------------------------------------
     def replay(self, con, modes, variants, horizon_us: int, sink, progress=None) -> dict:
@@ -251,10 +251,8 @@ class RayEngine:
                 try:
                     result = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    how = ("raised" if isinstance(e, ray.exceptions.RayTaskError) else
-                           f"failed ({type(e).__name__}) after {self.max_retries} retries")
                     raise DistributedReplayFailed(
-                        f"replay partition {task.name} {how} on Ray: {_first_line(e).rstrip('.')}. "
+                        f"replay partition {task.name} {self._failed(ray, e)}. "
                         "No walk set was recorded current; run the command again, or with --engine local") from None
                 submit()
                 for k, n in result.pop("_nodes").items():
@@ -274,13 +272,17 @@ class RayEngine:
                         if progress is not None and first in rows:
                             progress.update(len(rows[first]))
         except BaseException:
-            for ref in pending:  # (Ctrl-C or a failed partition: stop the rest now)
-                try:
-                    ray.cancel(ref, force=True)
-                except Exception:  # noqa: BLE001 - already finished or gone
-                    pass
+            _cancel(ray, list(pending))  # (Ctrl-C or a failed partition: stop the rest now)
             raise
         return {"_nodes": nodes}
+
+
+def _cancel(ray, refs) -> None:
+    for ref in refs:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # noqa: BLE001 - already finished or gone
+            pass
 
 
 def _unreachable(address: str, e: BaseException) -> str:

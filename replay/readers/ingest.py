@@ -213,6 +213,10 @@ class _Run:
         sha, stats, next_id = loaded
         if next_id is not None:
             self.next_id = next_id
+        self._loaded(path, sha, stats)
+
+    def _loaded(self, path: str, sha: str, stats: FileStats) -> None:
+        """A file's load is queued for commit: count it."""
         self.known.add(sha)
         self.next_sid += 1
         _add(self.summary, stats)
@@ -276,8 +280,12 @@ class _Run:
         self.deferred.wait()
         self.con.execute("DELETE FROM requests WHERE source_id = ?", [sid])
         self.con.execute("DELETE FROM rejects WHERE source_id = ?", [sid])
-        self.writer.reject(sid, path, None, "unreadable_file", f"cannot read or decompress the file: {e}")
-        return FileStats(format=job.stats.format, lines=1, rejected=1, by_reason={"unreadable_file": 1})
+        return self._unreadable_file(sid, path, job.stats.format, str(e))
+
+    def _unreadable_file(self, sid: int, path: str, fmt: str | None, why: str) -> FileStats:
+        """The one reject of a file whose bytes could not be read or decompressed, and its counts."""
+        self.writer.reject(sid, path, None, "unreadable_file", f"cannot read or decompress the file: {why}")
+        return FileStats(format=fmt, lines=1, rejected=1, by_reason={"unreadable_file": 1})
 
     def _unreadable(self, path: str, e: OSError | str) -> None:
         """A file that cannot even be hashed: one reject, no sources row (retried next time)."""
@@ -318,9 +326,7 @@ class _Run:
         self.deferred.submit(self.con.begin)
         try:
             if got.status == "unreadable":
-                stats = FileStats(format=got.stats.format, lines=1, rejected=1, by_reason={"unreadable_file": 1})
-                self.writer.reject(sid, path, None, "unreadable_file",
-                                   f"cannot read or decompress the file: {got.error}")
+                stats = self._unreadable_file(sid, path, got.stats.format, got.error)
             else:
                 stats = got.stats
                 self._place(got, sid, first)
@@ -332,14 +338,9 @@ class _Run:
             raise
         if got.status == "ok":
             self.next_id = first + got.ids
-        self.known.add(sha)
-        self.next_sid += 1
-        _add(self.summary, stats)
-        if stats.time_order in FLAGGED:
-            self.summary.unordered_files.append((printable_path(path), stats.time_order))
         if self.lbar is not None:
             self.lbar.update(stats.lines)
-        _tick(self.fbar)
+        self._loaded(path, sha, stats)
 
     def _place(self, got: ParsedFile, sid: int, first: int) -> None:
         """A parsed file's tables with its source id, its request ids from ``first``,

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from replay.readers.blobs import BLOB_SCHEMA, Blobs
+from replay.readers.blobs import Blobs
 from replay.readers.files import ReadError, describe_error, file_keys
 from replay.readers.formats import Options
 from replay.readers.loader import FileIngest, FileStats
-from replay.readers.writer import REJECT_SCHEMA, REQUEST_SCHEMA, Writer
+from replay.readers.writer import SCHEMAS, Writer
 
 
 class CollectingWriter(Writer):
@@ -36,9 +36,8 @@ class CollectingWriter(Writer):
         self.tables[table].append(cols if isinstance(cols, pa.Table) else pa.Table.from_pydict(cols, schema=schema))
 
     def table(self, name: str) -> pa.Table:
-        schema = {"requests": REQUEST_SCHEMA, "rejects": REJECT_SCHEMA, "blobs": BLOB_SCHEMA}[name]
         got = self.tables[name]
-        return pa.concat_tables(got) if got else schema.empty_table()
+        return pa.concat_tables(got) if got else SCHEMAS[name].empty_table()
 
 
 @dataclass

@@ -50,6 +50,9 @@ REJECT_SCHEMA = pa.schema([
 ])
 
 
+SCHEMAS = {"requests": REQUEST_SCHEMA, "rejects": REJECT_SCHEMA, "blobs": BLOB_SCHEMA}
+
+
 class Writer:
     """Buffers request/reject rows and inserts them into DuckDB as Arrow batches,
     on ``deferred``'s thread (the caller waits for it before using the
@@ -102,7 +105,7 @@ class Writer:
 
     def insert(self, table: str, tbl: pa.Table) -> None:
         """Insert a whole Arrow table (``requests``, ``rejects`` or ``blobs``) as one batch."""
-        schema = {"requests": REQUEST_SCHEMA, "rejects": REJECT_SCHEMA, "blobs": BLOB_SCHEMA}[table]
+        schema = SCHEMAS[table]
         if tbl.num_rows:
             self._insert(table, tbl.select(schema.names).cast(schema), schema)
 
