@@ -143,3 +143,15 @@ def test_a_cluster_that_cannot_be_joined_is_a_plain_error(monkeypatch, cause, hi
     monkeypatch.setitem(sys.modules, "ray", stand_in)
     with pytest.raises(api.EngineUnavailable, match=f"cannot join the Ray cluster at 10.0.0.9:6379.*{hint}"):
         ray_engine.RayEngine(address="10.0.0.9:6379").start()
+
+
+@pytest.mark.parametrize("given, cluster_cpus, want", [
+    (None, 0, False), (None, 1, True), (None, 4, True), (True, 0, True), (False, 4, False)])
+def test_tasks_prepare_parts_only_on_a_cluster_larger_than_this_machine(monkeypatch, given, cluster_cpus, want):
+    """``cluster_cpus``: beyond this machine's CPUs (the encoder process here does it faster on one machine)."""
+    import os
+
+    engine = ray_engine.RayEngine(prepare_parts=given)
+    stand_in = _StandInRay((os.cpu_count() or 1) + cluster_cpus)
+    monkeypatch.setattr(engine, "start", lambda: stand_in)
+    assert engine.prepares_parts() is want
