@@ -11,8 +11,9 @@ largest TTL, 2 h; ``inf`` for a cache that never forgets):
 
 * **local**: this process, one pass (the default engine);
 * **ray-N**: ``--engine ray`` on a local cluster of N CPUs, started before the
-  clock starts (``ray_start_s`` is reported beside it), partitions as the
-  engine plans them (2 per CPU, plus global's shallow task).
+  clock starts (``ray_start_s`` is reported beside it), the engine's
+  partitions (2 per CPU, plus global's shallow task) streamed to one walker
+  actor per CPU.
 
 For each: the replay's wall time, the driver's peak RSS, and every Ray worker
 process's peak RSS (sampled every 50 ms from /proc: workers are the raylet's

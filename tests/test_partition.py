@@ -3,7 +3,8 @@
 Every mode, both variants, several partition counts and depths K (1, a few
 symbols, more than most prompts), finite and infinite horizons: the merged rows
 must equal ``replay_prompts``' rows exactly — request, stream, model, time,
-length, gaps, depths and origins — in the same order.
+length, gaps, depths and origins. The partitions are walked as the Ray engine
+walks them (``replay.core.streamed``), by walkers in this process.
 """
 
 import itertools
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 from replay import api
-from replay.core import partition
+from replay.core import partition, streamed
 from replay.core.grid import Grid
 from replay.core.prompts import Prompt, SegmentStore, iter_prompts
 from replay.core.replay import replay_prompts, store_walks
@@ -54,13 +55,28 @@ def prompts_of(reqs, ms: bool = False):
     return out
 
 
-def same(prompts, modes, variants, horizon, parts, depth, segments=None):
+def partitioned(prompts, modes, variants, horizon, parts, depth, segments=None, size=2, batch=64):
+    """The streamed replay's rows, by walkers in this process (sorted into
+    processing order), and its pool."""
+    rows: dict = {key: [] for key in itertools.product(variants, modes)}
+
+    def sink(part):
+        for key, rs in part.items():
+            rows[key].extend(rs)
+
+    pool = streamed.LocalPool(size, variants, horizon)
+    streamed.replay_streamed(prompts, pool, sink, modes, variants, parts, depth, segments, batch=batch)
+    order = {p.request_id: i for i, p in enumerate(prompts)}
+    return {key: sorted(rs, key=lambda r: order[r[0]]) for key, rs in rows.items()}, pool
+
+
+def same(prompts, modes, variants, horizon, parts, depth, segments=None, size=2, batch=64):
     want = replay_prompts(prompts, modes, variants, horizon)
-    got = partition.replay_partitioned(prompts, modes, variants, horizon, parts=parts, depth=depth,
-                                       segments=segments)
+    got, pool = partitioned(prompts, modes, variants, horizon, parts, depth, segments, size, batch)
     for key in want:
         if key != "_nodes":
-            assert got[key] == want[key], (key, parts, depth, horizon)
+            assert got[key] == want[key], (key, parts, depth, horizon, size, batch)
+    assert pool.most_busy <= streamed.CALLS_PER_WALKER
     return got
 
 
@@ -74,8 +90,8 @@ def test_partitioned_rows_equal_the_single_pass(seed):
                            gaps=(0, 0, 0, 1, 2, 5, 10))
     prompts = prompts_of(reqs)
     horizon = (INF_US, 5 * US, 2 * US)[seed % 3]
-    for parts, depth in ((1, 1), (3, 1), (2, 3), (5, 8), (4, 50)):
-        same(prompts, MODES, VARIANTS, horizon, parts, depth)
+    for parts, depth, size, batch in ((1, 1, 1, 1), (3, 1, 2, 3), (2, 3, 3, 7), (5, 8, 2, 1000), (4, 50, 5, 2)):
+        same(prompts, MODES, VARIANTS, horizon, parts, depth, size=size, batch=batch)
 
 
 @pytest.mark.parametrize("ms", [False, True])
@@ -84,8 +100,8 @@ def test_exact_ttl_boundaries_in_ms_and_us(ms):
     reqs = random_requests(7, n=60, alphabet=2, gaps=(0, 1, 5, 10), jitter_us=(0,) if ms else (0, -1, 1))
     prompts = prompts_of(reqs, ms=ms)
     h = 5 * US * (1000 if ms else 1)
-    for parts, depth in ((2, 1), (3, 4)):
-        same(prompts, MODES, VARIANTS, h, parts, depth)
+    for parts, depth, size in ((2, 1, 2), (3, 4, 3)):
+        same(prompts, MODES, VARIANTS, h, parts, depth, size=size, batch=5)
 
 
 def test_a_cross_partition_prefix_is_found_in_the_shallow_trie():
@@ -95,8 +111,9 @@ def test_a_cross_partition_prefix_is_found_in_the_shallow_trie():
         a = np.array(toks, dtype=np.int32)
         return Prompt(i, ts, tenant, None, None, a, None, None, len(a))
     prompts = [p(0, 0, [1, 2, 3, 4, 5, 6]), p(1, 1, [1, 2, 3, 9, 9, 9], "b"), p(2, 2, [1, 2, 3, 4, 5, 7])]
-    pl = partition.plan(prompts, ("global",), parts=64, depth=4)
-    homes = {pr.request_id: t.name for t in pl.tasks for pr in t.prompts if not t.name.endswith("shallow")}
+    router = partition.Router(("global",), parts=64, depth=4)
+    homes = {pr.request_id: next(name for name, _ in router.route(pr)[0] if not name.endswith("shallow"))
+             for pr in prompts}
     assert homes[0] == homes[2]
     got = same(prompts, ("global",), ("prompt",), INF_US, 64, 4)
     assert [r[6] for r in got[("prompt", "global")]] == [[], [3], [3, 5]]
@@ -146,19 +163,19 @@ def test_sample_partitioned_equals_single_pass(sample_con, parts, depth):
 
 
 @pytest.mark.parametrize("parts,depth", [(2, 1), (4, 64)])
-def test_light_tasks_assembled_from_segments_equal_single_pass(sample_con, parts, depth):
-    """A light plan (what the Ray engine ships): text prompts carry segment ids,
-    not tokens, and each task assembles them again from the segment store."""
+def test_light_prompts_assembled_from_segments_equal_single_pass(sample_con, parts, depth):
+    """Light prompts (what the Ray engine ships): text prompts carry segment ids,
+    not tokens, and each walker assembles them again from the segments it was sent."""
     prompts = list(iter_prompts(sample_con, with_output=True))
     segments = SegmentStore(sample_con)
     for horizon in (INF_US, 300 * US):
         same(prompts, MODES, VARIANTS, horizon, parts, depth, segments)
-    pl = partition.plan(prompts, MODES, parts, depth, travel_light=True)
-    for t in pl.tasks:
-        light = t.name != f"global/{partition.SHALLOW}"
-        assert all((p.symbols is None) == light for p in t.prompts), t.name
-    full = sum(len(pickle.dumps(t)) for t in partition.plan(prompts, MODES, parts, depth).tasks)
-    assert sum(len(pickle.dumps(t)) for t in pl.tasks) < full / 5
+    router, full = partition.Router(MODES, parts, depth, travel_light=True), partition.Router(MODES, parts, depth)
+    shipped = [router.route(p)[0] for p in prompts]
+    for name, q in itertools.chain.from_iterable(shipped):
+        assert (q.symbols is None) == (name != f"global/{partition.SHALLOW}"), name
+    heavy = [full.route(p)[0] for p in prompts]
+    assert len(pickle.dumps(shipped)) < len(pickle.dumps(heavy)) / 5
 
 
 def test_mooncake_slice_partitioned_equals_single_pass(shared_data, tmp_path):
@@ -183,15 +200,16 @@ def test_sweep_of_merged_walks_equals_the_single_pass_sweep(sample_con, tmp_path
     prompts = list(iter_prompts(sample_con))
     store_walks(sample_con, replay_prompts(prompts, MODES, ("prompt",)))
     want = sweep(sample_con, grid, by_stream=True).to_dicts()
-    merged = partition.replay_partitioned(prompts, MODES, ("prompt",), parts=3, depth=8)
-    merged.pop("_nodes")
+    merged, _ = partitioned(prompts, MODES, ("prompt",), INF_US, parts=3, depth=8)
     store_walks(sample_con, merged)
     assert sweep(sample_con, grid, by_stream=True).to_dicts() == want
 
 
-def test_bad_plan_arguments_are_refused():
+def test_bad_partition_arguments_are_refused():
     with pytest.raises(ValueError):
-        partition.plan([], MODES, parts=0)
+        partition.Router(MODES, parts=0)
     with pytest.raises(ValueError):
-        partition.plan([], ("nope",))
+        partition.Router(MODES, depth=0)
+    with pytest.raises(ValueError):
+        partition.Router(("nope",))
 

@@ -1,11 +1,12 @@
 """Partitioned replay: the walks of ``replay_prompts``, computed part by part.
 
-The prompts (as ``iter_prompts`` yields them, in processing order) are split
-into partitions each of which is replayed on its own with the ordinary
-machinery (:func:`replay.core.replay.replay_prompts`, one trie per cache), and
-the partitions' rows are merged into exactly the rows the single-process
-replay writes (the oracle: ``tests/test_partition.py``). Pure Python + numpy;
-``replay.distributed`` runs the same tasks elsewhere (Ray).
+The prompts (as ``iter_prompts`` yields them, in processing order) are routed
+to partitions (:class:`Router`) each of which is replayed on its own with the
+ordinary machinery (``replay.core.replay.Replayer``, one trie per cache), and
+the partitions' rows are merged (:func:`merged_row`) into exactly the rows the
+single-process replay writes (the oracle: ``tests/test_partition.py``). Pure
+Python + numpy; ``replay.core.streamed`` feeds the partitions to walkers, in
+this process or as Ray actors (``replay.distributed``).
 
 Stream modes (tenant, key, session)
 -----------------------------------
@@ -81,36 +82,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.core.prompts import SegmentStore, light, restored
-from replay.core.replay import replay_prompts
+from replay.core.prompts import light
 from replay.core.streams import MODES, check_modes, stream_key
-from replay.core.times import INF_US
 
 DEFAULT_PARTITIONS = 8
 DEFAULT_DEPTH = 256  # K: symbols (tokens, or blocks of a block trace) of the global partition key
 SHALLOW = "shallow"
-
-
-@dataclass
-class Task:
-    """One independent replay: ``prompts`` (in processing order) walked for ``mode``."""
-    name: str                # "<mode>/<partition>", or "global/shallow"
-    mode: str
-    prompts: list = field(default_factory=list)
-
-
-@dataclass
-class Plan:
-    modes: tuple[str, ...]
-    parts: int
-    depth: int
-    tasks: list[Task]
-    order: dict[int, int]     # request id -> place in processing order
-    boundary: dict[int, int]  # global: request id -> token depth of its first K symbols (prompts longer than K)
 
 
 def _digest(*parts) -> int:
@@ -149,53 +129,53 @@ def shallow_prompt(p, depth: int, own: bool = False):
                                seg_ids=None, output_seg_ids=None)
 
 
-def plan(prompts, modes=MODES, parts: int = DEFAULT_PARTITIONS, depth: int = DEFAULT_DEPTH,
-         travel_light: bool = False) -> Plan:
-    """Split ``prompts`` (processing order) into the tasks of ``modes``: ``parts``
-    partitions per mode, plus the shallow task of the global mode.
+class Router:
+    """Where each prompt goes, one prompt at a time (processing order): the
+    partition of each mode and, for the global mode, the shallow task too
+    (``replay.core.streamed`` hands them to the walkers of those partitions).
 
-    ``travel_light``: the tasks hold text prompts without their tokens
-    (``replay.core.prompts.light``: :func:`run_task` assembles them again from
-    the segments), so the plan of a week holds segment ids, not the week's
-    tokens, and a task ships a few bytes a segment."""
-    modes = check_modes(modes)
-    if parts < 1 or depth < 1:
-        raise ValueError("partitions and partition depth must be at least 1")
-    tasks = {m: [Task(f"{m}/{i}", m) for i in range(parts)] for m in modes}
-    shallow = Task(f"global/{SHALLOW}", "global") if "global" in modes else None
-    order: dict[int, int] = {}
-    boundary: dict[int, int] = {}
-    last_part: dict[tuple, int] = {}  # global: (tenant, session or key) -> partition of its latest text prompt
-    keep = light if travel_light else (lambda p: p)
-    for i, p in enumerate(prompts):
-        order[p.request_id] = i
-        kept = keep(p)
-        for m in modes:
+    ``travel_light``: text prompts go without their tokens
+    (``replay.core.prompts.light``: the walker assembles them again from the
+    segments it was sent), a few bytes a segment instead of a whole
+    conversation again and again."""
+
+    def __init__(self, modes=MODES, parts: int = DEFAULT_PARTITIONS, depth: int = DEFAULT_DEPTH,
+                 travel_light: bool = False):
+        self.modes = check_modes(modes)
+        if parts < 1 or depth < 1:
+            raise ValueError("partitions and partition depth must be at least 1")
+        self.parts, self.depth = int(parts), int(depth)
+        self.keep = light if travel_light else (lambda p: p)
+        self.travel_light = travel_light
+        self._last_part: dict[tuple, int] = {}  # global: (tenant, session or key) -> partition of its latest text prompt
+
+    @property
+    def names(self) -> list[str]:
+        """Every task's name: the shallow task's first, then mode by mode."""
+        return ([f"global/{SHALLOW}"] if "global" in self.modes else []) + \
+            [f"{m}/{i}" for m in self.modes for i in range(self.parts)]
+
+    def route(self, p) -> tuple[list[tuple[str, object]], int | None]:
+        """``[(task name, the prompt as that task walks it)]`` for ``p``, and (global
+        mode, a prompt longer than K symbols) the token depth of its first K symbols."""
+        kept = self.keep(p)
+        out, boundary = [], None
+        for m in self.modes:
             if m != "global":
-                tasks[m][_digest(stream_key(m, p.tenant, p.key, p.session)) % parts].prompts.append(kept)
+                out.append((f"{m}/{_digest(stream_key(m, p.tenant, p.key, p.session)) % self.parts}", kept))
                 continue
-            k = _digest(p.model, global_key_symbols(p, depth)) % parts
+            k = _digest(p.model, global_key_symbols(p, self.depth)) % self.parts
             q = kept
             if p.cum is None:  # a text prompt: iter_prompts' conversation bookkeeping
                 conv = (p.tenant, p.session or p.key)
-                if p.shared and last_part.get(conv) != k:
+                if p.shared and self._last_part.get(conv) != k:
                     q = dataclasses.replace(kept, shared=0)  # its previous prompt went to another trie
-                last_part[conv] = k
-            tasks[m][k].prompts.append(q)
-            shallow.prompts.append(shallow_prompt(p, depth, own=travel_light))
-            if len(p.symbols) > depth:
-                boundary[p.request_id] = int(p.cum[depth]) if p.cum is not None else depth
-    flat = [t for m in modes for t in tasks[m] if t.prompts]
-    if shallow is not None:
-        flat.append(shallow)
-    return Plan(modes, parts, depth, flat, order, boundary)
-
-
-def run_task(task: Task, variants=("prompt",), horizon_us: int = INF_US, segments: SegmentStore | None = None) -> dict:
-    """One task's rows per (variant, mode) (``replay_prompts``' result, ``_nodes``
-    included); ``segments`` give back the tokens of a light plan's prompts."""
-    prompts = task.prompts if segments is None else restored(task.prompts, segments)
-    return replay_prompts(prompts, (task.mode,), tuple(variants), int(horizon_us))
+                self._last_part[conv] = k
+            out.append((f"global/{k}", q))
+            out.append((f"global/{SHALLOW}", shallow_prompt(p, self.depth, own=self.travel_light)))
+            if len(p.symbols) > self.depth:
+                boundary = int(p.cum[self.depth]) if p.cum is not None else self.depth
+        return out, boundary
 
 
 def splice(shallow_row, part_row, kt: int):
@@ -217,49 +197,7 @@ def splice(shallow_row, part_row, kt: int):
     return (*part_row[:5], gaps, depths, origins)
 
 
-def shallow_rows(result: dict) -> dict:
-    """The shallow task's rows by variant, then request id."""
-    return {key[0]: {r[0]: r for r in rows} for key, rows in result.items() if key != "_nodes"}
-
-
-def finish(plan_: Plan, task: Task, result: dict, shallow: dict | None) -> dict:
-    """A partition task's result as final rows per (variant, mode): as they are
-    for a stream mode; spliced with the shallow rows (:func:`shallow_rows`) for
-    the global mode. (The shallow task itself yields no rows of its own.)"""
-    if task.name == f"global/{SHALLOW}":
-        return {}
-    out = {}
-    for key, rows in result.items():
-        if key == "_nodes":
-            continue
-        if task.mode != "global":
-            out[key] = rows
-            continue
-        sh = shallow[key[0]]
-        b = plan_.boundary
-        out[key] = [splice(sh[r[0]], r, b[r[0]]) if r[0] in b else (*r[:5], *sh[r[0]][5:8]) for r in rows]
-    return out
-
-
-def replay_partitioned(prompts, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
-                       parts: int = DEFAULT_PARTITIONS, depth: int = DEFAULT_DEPTH,
-                       segments: SegmentStore | None = None) -> dict:
-    """:func:`replay.core.replay.replay_prompts`' result (without a sink), computed
-    partition by partition in this process: the same rows in the same order
-    (processing order); ``_nodes`` sums the partitions' tries (the shallow one
-    included), so it is not the single pass's count. ``segments``: plan light
-    and assemble each task's prompts from them, as the Ray engine does."""
-    pl = plan(prompts, modes, parts, depth, travel_light=segments is not None)
-    results = {t.name: run_task(t, variants, horizon_us, segments) for t in pl.tasks}
-    shallow = shallow_rows(results[f"global/{SHALLOW}"]) if "global" in pl.modes else None
-    merged: dict = {(v, m): [] for v in variants for m in pl.modes}
-    nodes: dict[str, int] = {}
-    for t in pl.tasks:
-        for k, n in results[t.name]["_nodes"].items():
-            nodes[k] = nodes.get(k, 0) + n
-        for key, rows in finish(pl, t, results[t.name], shallow).items():
-            merged[key].extend(rows)
-    for rows in merged.values():
-        rows.sort(key=lambda r: pl.order[r[0]])
-    merged["_nodes"] = nodes
-    return merged
+def merged_row(shallow_row, part_row, boundary: int | None):
+    """A global request's final row: the shallow row alone for a prompt of at most
+    K symbols (``boundary`` None), else :func:`splice` at its first K symbols' depth."""
+    return (*part_row[:5], *shallow_row[5:8]) if boundary is None else splice(shallow_row, part_row, boundary)

@@ -65,29 +65,13 @@ class Prompt:
 
 
 def light(p: Prompt) -> Prompt:
-    """``p`` without its tokens when its segments give them back (:func:`restored`):
-    a partition shipped to a worker carries segment ids, a few bytes a segment,
-    instead of every prompt's whole conversation again."""
+    """``p`` without its tokens when its segments give them back (a walker of
+    ``replay.core.streamed`` assembles them again): a prompt shipped to a worker
+    carries segment ids, a few bytes a segment, instead of its whole conversation
+    again."""
     if p.seg_ids is None:
         return p
     return dataclasses.replace(p, symbols=None, output=None)
-
-
-def restored(prompts, segs: "SegmentStore") -> Iterator[Prompt]:
-    """The prompts (in order) with the tokens :func:`light` left out, assembled
-    from ``segs`` one at a time as they are walked, each conversation's from its
-    previous prompt as ``iter_prompts`` does. (A light prompt gets its tokens
-    while it is walked, and loses them when the next one is asked for.)"""
-    conversations = Conversations(segs)
-    for p in prompts:
-        if p.symbols is not None:
-            yield p
-            continue
-        symbols, _, _ = conversations.assemble((p.tenant, p.session or p.key), p.seg_ids.tolist())
-        out = p.output_seg_ids
-        p.symbols, p.output = symbols, (segs.concat(out.tolist()) if out is not None and len(out) else None)
-        yield p
-        p.symbols = p.output = None  # (light again once walked: the task's list holds no tokens)
 
 
 def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,12 +119,28 @@ class SegmentStore:
     ``table``, rows of it: :meth:`read_table`)."""
 
     def __init__(self, con=None, table: pa.Table | None = None):
-        tbl = self.read_table(con) if table is None else table
+        self._tokens: dict[int, np.ndarray] = {}
+        self.add(self.read_table(con) if table is None else table)
+
+    def add(self, tbl: pa.Table) -> None:
+        """Take the segments of ``tbl`` (rows of the `segments` table) too."""
+        if not tbl.num_rows:
+            return
         toks = tbl.column("tokens").combine_chunks()
         offsets = toks.offsets.to_numpy()
         values = toks.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-        self._tokens: dict[int, np.ndarray] = {
-            sid: values[offsets[i]:offsets[i + 1]] for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist())}
+        self._tokens.update(
+            (sid, values[offsets[i]:offsets[i + 1]]) for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist()))
+
+    def table(self, seg_ids) -> pa.Table:
+        """The rows of the `segments` table for ``seg_ids`` (what :meth:`add` takes)."""
+        ids = [int(s) for s in seg_ids]
+        parts = [self._tokens[s] for s in ids]
+        offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+        np.cumsum([len(x) for x in parts], out=offsets[1:])
+        values = np.concatenate(parts) if parts else np.empty(0, dtype=np.int32)
+        return pa.table({"seg_id": pa.array(ids, pa.uint64()),
+                         "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, pa.int32()))})
 
     @staticmethod
     def read_table(con) -> pa.Table:
@@ -221,12 +221,14 @@ class NotTokenized(RuntimeError):
     """Requests wait for the tokenize stage."""
 
 
-def iter_prompts(con, with_output: bool = False, chunk: int = 2_000) -> Iterator[Prompt]:
-    """Every replayable request in processing order (time, then input order), as symbol arrays."""
+def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
+                 segs: SegmentStore | None = None) -> Iterator[Prompt]:
+    """Every replayable request in processing order (time, then input order), as
+    symbol arrays (``segs``: the segments already read, else read here)."""
     missing = db.untokenized(con)
     if missing:
         raise NotTokenized(f"{missing} requests are not tokenized yet: run the tokenize stage first")
-    segs = SegmentStore(con)
+    segs = SegmentStore(con) if segs is None else segs
     out_col = "p.output_seg_ids" if with_output else "NULL"
     conversations = Conversations(segs)
     for tbl in time_ordered_chunks(con, f"""

@@ -76,24 +76,53 @@ def _collector_paused():
 
 
 def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flush_every: int) -> dict:
-    tries: dict[tuple[str, str], dict[tuple[str, str | None], Trie]] = {(v, m): {} for v in variants for m in modes}
-    out: dict[tuple[str, str], list] = {vm: [] for vm in tries}
-    writers = Writers()
-    last_sweep = None
+    walker = Replayer(modes, variants, horizon)
     for walked, p in enumerate(prompts, 1):
-        if horizon < INF_US and (last_sweep is None or p.ts - last_sweep > horizon // 2):
+        walker.walk(p)
+        if progress is not None:
+            progress.update(1)
+        if sink is not None and walked % flush_every == 0:
+            sink(walker.take())
+    out = walker.take()
+    if sink is not None:
+        if any(out.values()):
+            sink(out)
+        out = {}
+    out["_nodes"] = walker.nodes()
+    return out
+
+
+class Replayer:
+    """The replay's state between prompts: one trie per (variant, mode) and cache,
+    and who wrote what. :meth:`walk` takes the prompts one at a time in
+    processing order (``replay_prompts`` over a whole log; a streamed partition
+    a batch at a time, ``replay.core.streamed``)."""
+
+    def __init__(self, modes, variants, horizon: int = INF_US):
+        self.modes, self.variants, self.horizon = tuple(modes), tuple(variants), int(horizon)
+        self.tries: dict[tuple[str, str], dict[tuple[str, str | None], Trie]] = {
+            (v, m): {} for v in self.variants for m in self.modes}
+        self.out: dict[tuple[str, str], list] = {vm: [] for vm in self.tries}
+        self.writers = Writers()
+        self._last_sweep = None
+
+    def walk(self, p) -> None:
+        """Walk ``p`` through its cache's trie of every (variant, mode); its rows
+        wait in :meth:`take`."""
+        horizon, tries, writers = self.horizon, self.tries, self.writers
+        if horizon < INF_US and (self._last_sweep is None or p.ts - self._last_sweep > horizon // 2):
             # A trie prunes itself when walked; caches that went quiet (a finished
             # session) are never walked again, so sweep them all now and then:
             # memory then follows the TTL window, not the number of caches seen.
-            last_sweep = p.ts
+            self._last_sweep = p.ts
             _prune_all(tries, p.ts)
         me = writers.code(p.tenant, p.session)
         held: dict = {}  # (the request's new symbols, copied once for all its tries)
-        for v in variants:
+        for v in self.variants:
             insert = None
             if v == "prompt+output" and p.output is not None and len(p.output):
                 insert = np.concatenate([p.symbols, p.output.astype(p.symbols.dtype, copy=False)])
-            for m in modes:
+            for m in self.modes:
                 s = stream_key(m, p.tenant, p.key, p.session)
                 caches = tries[(v, m)]
                 trie = caches.get((s, p.model))
@@ -101,18 +130,15 @@ def _replay_prompts(prompts, modes, variants, horizon: int, progress, sink, flus
                     trie = caches[(s, p.model)] = Trie(horizon)
                 steps = trie.walk(p.symbols, p.ts, insert=insert, cum=p.cum, known=_known(p, m, s, horizon),
                                   owner=me, held=held)
-                out[(v, m)].append((p.request_id, s, p.model, p.ts, p.n_tokens, *writers.split(steps, me)))
-        if progress is not None:
-            progress.update(1)
-        if sink is not None and walked % flush_every == 0:
-            sink(out)
-            out = {vm: [] for vm in tries}
-    if sink is not None:
-        if any(out.values()):
-            sink(out)
-        out = {}
-    out["_nodes"] = {f"{v}/{m}": sum(t.nodes for t in st.values()) for (v, m), st in tries.items()}
-    return out
+                self.out[(v, m)].append((p.request_id, s, p.model, p.ts, p.n_tokens, *writers.split(steps, me)))
+
+    def take(self) -> dict[tuple[str, str], list]:
+        """The rows walked since the last call, per (variant, mode)."""
+        out, self.out = self.out, {vm: [] for vm in self.tries}
+        return out
+
+    def nodes(self) -> dict[str, int]:
+        return {f"{v}/{m}": sum(t.nodes for t in st.values()) for (v, m), st in self.tries.items()}
 
 
 SAME_SESSION, OTHER_SESSION, OTHER_TENANT = range(len(ORIGINS))
@@ -226,7 +252,8 @@ def replay_stage(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_U
                                     horizon_us, bar, sink=lambda rows: _insert(con, rows),
                                     flush_every=WALKS_PER_INSERT)
         else:
-            result = engine.replay(con, modes, variants, horizon_us, lambda rows: _insert(con, rows), bar)
+            result = engine.replay(con, modes, variants, horizon_us, lambda rows: _insert(con, rows), bar,
+                                   reset=lambda: delete_walks(con, keys))
         if bar is not None:
             bar.close()
     finally:

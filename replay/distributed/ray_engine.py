@@ -1,40 +1,42 @@
-"""The replay's partitions as Ray tasks (``--engine ray``).
+"""Ray as the engine (``--engine ray``): log files parsed by tasks, the replay
+walked by actors.
 
-The driver reads the prompts from DuckDB (``iter_prompts``: the same prompts,
-in the same order, as the single pass) and splits them into the tasks of
-``replay.core.partition.plan`` — *light*: a text prompt keeps its segment ids,
-not its tokens — and ships each task, as an Arrow table, the part of the
-segments table its prompts use (each unique token once); the task assembles
-its prompts again as it walks them, as the driver would. So the driver holds
-the log's segment ids rather than its tokens, a task ships a few bytes a
-segment plus its partition's unique tokens instead of each prompt's whole
-conversation (the day's tasks: ~500 MB of tokens before), and a worker holds
-its partition's unique tokens, not the log's.
+**Files** (``map_ordered``): each file is parsed by a task
+(``replay.readers.parsed``), at most CPUs + 1 in flight, and written here in
+their order.
+
+**The replay** (``replay``): the driver reads the prompts from DuckDB once, in
+processing order (``iter_prompts``), and streams them to one walker actor per
+CPU (``replay.core.streamed``: each actor keeps the tries of the partitions of
+``replay.core.partition`` it was given, each partition exact on its own). Text
+prompts travel as segment ids, and each actor is sent each segment it needs
+once, so an actor holds its partitions' unique tokens and tries, and the driver
+holds the batches in flight rather than the log's prompts (the plan of a whole
+log, the earlier design, held 4–4.6 GB on the driver for a week). The rows come
+back to the driver, are finished (a global row spliced with its shallow row)
+and handed to ``sink`` — ``replay_stage`` stores them with ``insert_walks`` and
+records the walk sets current only after the last one, so a failed run leaves
+them stale, never half-current.
 Why not request ids + Parquet on shared storage: the DuckDB file is locked by
 the driver's connection, and a local or single-node cluster has no shared
-storage to speak of. (A cluster reading logs from object storage would export
-each partition's prompts to Parquet instead; the tasks would not change.)
+storage to speak of.
 
-Every task runs ``partition.run_task``; the driver turns each result into final
-rows (``partition.finish``: the global partitions spliced with the shallow
-task's rows) and hands them to ``sink`` as they come — ``replay_stage`` stores
-them with ``insert_walks`` and records the walk sets current only after the
-last one, so a failed run leaves them stale, never half-current.
+Failures: an actor that dies (killed, out of memory) has lost its tries, so the
+whole pass starts again on new actors, after ``reset`` drops the rows stored so
+far, up to ``max_retries`` times; an actor whose call raises, or one that keeps
+dying, stops the replay with :class:`DistributedReplayFailed` naming the
+partitions of that call. A file task that dies is retried by Ray; one that
+still fails stops the ingest with :class:`DistributedIngestFailed`. The engine
+started for a command (no ``address``, and no Ray session open already) is
+shut down when the command ends, error and Ctrl-C included, so no worker
+outlives it; with ``address`` it connects to that cluster and disconnects at
+the end (the cluster keeps running; this job's actors are killed).
 
-Failures: a worker that dies (killed, out of memory) is retried by Ray up to
-``max_retries`` times with the same argument; a task that still fails, or raises,
-stops the replay with :class:`DistributedReplayFailed` naming the partition,
-after cancelling the rest. The engine started for a command (no ``address``, and
-no Ray session open already) is shut down when the command ends, error and
-Ctrl-C included, so no worker outlives it; with ``address`` it connects to that
-cluster and disconnects at the end (the cluster keeps running; this job's
-workers go with the driver).
-
-Test hook: ``REPLAY_RAY_FAULT`` = ``exit-once:TASK:MARKER`` (the task's worker
-dies on its first attempt: ``os._exit`` unless MARKER exists, which it creates
-first), ``exit:TASK`` (dies on every attempt), ``raise:TASK`` (raises) or
-``sleep:TASK:SECONDS`` (time to interrupt the command), read in the driver
-and handed to the tasks.
+Test hook: ``REPLAY_RAY_FAULT`` = ``exit-once:PARTITION:MARKER`` (the actor
+walking PARTITION dies at its first batch: ``os._exit`` unless MARKER exists,
+which it creates first), ``exit:PARTITION`` (dies every time), ``raise:PARTITION``
+(raises) or ``sleep:PARTITION:SECONDS`` (time to interrupt the command), read
+in the driver and handed to the actors.
 """
 
 from __future__ import annotations
@@ -43,10 +45,7 @@ import collections
 import os
 import time
 
-import numpy as np
-import polars as pl
-
-from replay.core import partition
+from replay.core import partition, streamed
 from replay.distributed import DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable
 from replay.core.prompts import SegmentStore, iter_prompts
 
@@ -55,33 +54,8 @@ _END = object()
 DEFAULT_RETRIES = 3
 
 
-def _run(task: partition.Task, variants, horizon_us: int, segments, fault: str | None):
-    if fault:
-        _inject(fault, task.name)
-    return partition.run_task(task, variants, horizon_us, SegmentStore(table=segments))
-
-
 def _apply(fn, item, *args):
     return fn(item, *args)
-
-
-class _Segments:
-    """The segments table, and the part of it each task needs (its prompts' and
-    outputs' segments): a worker holds its partition's unique tokens, not the log's."""
-
-    def __init__(self, con):
-        self.table = SegmentStore.read_table(con)
-        ids = self.table.column("seg_id").to_numpy()
-        self._order = np.argsort(ids, kind="stable")
-        self._sorted = ids[self._order]
-
-    def of(self, task: partition.Task):
-        parts = [x for p in task.prompts for x in (p.seg_ids, p.output_seg_ids)
-                 if p.symbols is None and x is not None and len(x)]
-        if not parts:
-            return self.table.slice(0, 0)
-        need = pl.Series(np.concatenate(parts)).unique().to_numpy()
-        return self.table.take(self._order[np.searchsorted(self._sorted, need)])
 
 
 def _inject(fault: str, name: str) -> None:
@@ -154,10 +128,10 @@ class RayEngine:
     def __exit__(self, *exc):
         self.close()
 
-    def _failed(self, ray, e: BaseException) -> str:
+    def _failed(self, ray, e: BaseException, retries: int | None = None) -> str:
         """How a task failed, for the error that stops the command."""
         how = ("raised" if isinstance(e, ray.exceptions.RayTaskError) else
-               f"failed ({type(e).__name__}) after {self.max_retries} retries")
+               f"failed ({type(e).__name__}) after {self.max_retries if retries is None else retries} retries")
         return f"{how} on Ray: {_first_line(e).rstrip('.')}"
 
     # ---- whole files -------------------------------------------------------
@@ -210,71 +184,82 @@ class RayEngine:
             _cancel(ray, [ref for _, ref in flight])  # (a failure, Ctrl-C, or a caller that stopped early)
 
     # ---- the replay -------------------------------------------------------
-    def replay(self, con, modes, variants, horizon_us: int, sink, progress=None) -> dict:
-        """Replay ``modes`` × ``variants`` partition by partition on Ray; every
-        final row goes to ``sink`` (a dict (variant, mode) → rows); returns
-        ``{"_nodes": ...}`` like ``replay_prompts`` with a sink."""
+    def replay(self, con, modes, variants, horizon_us: int, sink, progress=None, reset=None) -> dict:
+        """Replay ``modes`` × ``variants`` on Ray: the prompts streamed, in
+        processing order, to one walker actor per CPU (``replay.core.streamed``);
+        every final row goes to ``sink`` (a dict (variant, mode) → rows); returns
+        ``{"_nodes": ...}`` like ``replay_prompts`` with a sink. A walker that
+        dies loses its tries, so the whole pass starts again (after ``reset()``,
+        which must drop the rows sunk so far), at most ``max_retries`` times."""
         ray = self.start()
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         parts = self.partitions or 2 * cpus
-        plan = partition.plan(iter_prompts(con, with_output="prompt+output" in variants), modes, parts,
-                              self.depth, travel_light=True)
-        segments = _Segments(con)
+        size = min(cpus, parts * len(modes) + ("global" in modes))
         fault = os.environ.get(FAULT_ENV) or None
-        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(_run)
+        segments = SegmentStore(con)
         variants = tuple(variants)
-        shallow_name = f"global/{partition.SHALLOW}"
-        # the shallow task first (the global partitions wait for its rows); a few
-        # tasks in flight at a time, so the object store holds those tasks'
-        # prompts and segments, not the whole log's
-        queue = sorted(plan.tasks, key=lambda t: t.name == shallow_name)  # (popped from the end)
-        pending = {}
-
-        def submit() -> None:
-            while queue and len(pending) <= cpus:
-                t = queue.pop()
-                ref = remote.options(name=f"replay:{t.name}").remote(t, variants, int(horizon_us), segments.of(t),
-                                                                     fault)
-                pending[ref] = t
-                t.prompts = []  # (shipped: the driver need not hold them any more)
-
-        shallow = None
-        waiting: list = []  # global partitions done before the shallow task
-        nodes: dict[str, int] = {}
-        first = (variants[0], modes[0])
-        try:
-            submit()
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                ref = done[0]
-                task = pending.pop(ref)
-                try:
-                    result = ray.get(ref)
-                except ray.exceptions.RayError as e:
-                    raise DistributedReplayFailed(
-                        f"replay partition {task.name} {self._failed(ray, e)}. "
-                        "No walk set was recorded current; run the command again, or with --engine local") from None
-                submit()
-                for k, n in result.pop("_nodes").items():
-                    nodes[k] = nodes.get(k, 0) + n
-                if task.name == shallow_name:
-                    shallow = partition.shallow_rows(result)
-                    ready, waiting = waiting, []
-                elif task.mode == "global" and shallow is None:
-                    waiting.append((task, result))
+        for attempt in range(self.max_retries + 1):
+            pool = _RayPool(ray, size, variants, int(horizon_us), fault)
+            try:
+                prompts = iter_prompts(con, with_output="prompt+output" in variants, segs=segments)
+                return streamed.replay_streamed(prompts, pool, sink, modes, variants, parts, self.depth,
+                                                segments, progress)
+            except streamed.WalkerFailed as e:
+                died = not isinstance(e.cause, ray.exceptions.RayTaskError)
+                if died and reset is not None and attempt < self.max_retries:
+                    reset()
+                    if progress is not None:
+                        progress.reset()
                     continue
-                else:
-                    ready = [(task, result)]
-                for t, res in ready:
-                    rows = partition.finish(plan, t, res, shallow)
-                    if rows:
-                        sink(rows)
-                        if progress is not None and first in rows:
-                            progress.update(len(rows[first]))
-        except BaseException:
-            _cancel(ray, list(pending))  # (Ctrl-C or a failed partition: stop the rest now)
-            raise
-        return {"_nodes": nodes}
+                raise DistributedReplayFailed(
+                    f"replay partitions {', '.join(e.names)} {self._failed(ray, e.cause, attempt)}. "
+                    "No walk set was recorded current; run the command again, or with --engine local") from None
+            finally:
+                pool.close()
+
+
+class _Walkers(streamed.Walkers):
+    """A walker actor: ``streamed.Walkers`` and the test hook (``REPLAY_RAY_FAULT``)."""
+
+    def __init__(self, variants, horizon_us: int, fault: str | None):
+        super().__init__(variants, horizon_us)
+        self.fault = fault
+
+    def feed(self, batch, segments=None):
+        if self.fault:
+            for name in sorted({name for name, _ in batch}):
+                _inject(self.fault, name)
+        return super().feed(batch, segments)
+
+
+class _RayPool:
+    """``replay.core.streamed``'s pool as Ray actors, one CPU each; killed when
+    the pass ends, however it ends (they hold the cluster's CPUs)."""
+
+    def __init__(self, ray, size: int, variants, horizon_us: int, fault: str | None):
+        self.ray, self.size = ray, size
+        actor = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_Walkers)
+        self.actors = [actor.options(name=None).remote(variants, horizon_us, fault) for _ in range(size)]
+
+    def submit(self, walker: int, batch, segments):
+        return self.actors[walker].feed.remote(batch, segments)
+
+    def wait(self, handles):
+        done, _ = self.ray.wait(handles, num_returns=1)
+        return done[0]
+
+    def get(self, handle):
+        return self.ray.get(handle)
+
+    def nodes(self, walker: int) -> dict[str, int]:
+        return self.ray.get(self.actors[walker].nodes.remote())
+
+    def close(self) -> None:
+        for a in self.actors:
+            try:
+                self.ray.kill(a)
+            except Exception:  # noqa: BLE001 - already dead
+                pass
 
 
 def _cancel(ray, refs) -> None:
