@@ -64,14 +64,14 @@ def test_each_walker_is_sent_each_segment_it_needs_once(sample_con, parts, depth
 
 def test_a_failing_walker_is_named_with_its_partitions(monkeypatch):
     prompts = prompts_of(random_requests(1, n=30, alphabet=3, max_len=10))
-    real = streamed.Walkers.feed
+    real = streamed.Walker.feed
 
     def feed(self, batch, segments=None):
         if any(name == f"global/{partition.SHALLOW}" for name, _ in batch):
             raise OSError("disk gone")
         return real(self, batch, segments)
 
-    monkeypatch.setattr(streamed.Walkers, "feed", feed)
+    monkeypatch.setattr(streamed.Walker, "feed", feed)
     with pytest.raises(streamed.WalkerFailed, match="global/shallow") as e:
         partitioned(prompts, MODES, ("prompt",), INF_US, 2, 2, size=2, batch=8)
     assert isinstance(e.value.cause, OSError)

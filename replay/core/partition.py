@@ -80,12 +80,12 @@ Details the argument needs, handled here:
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import hashlib
 
 import numpy as np
 
-from replay.core.prompts import light
+from replay.core.prompts import altered, light
 from replay.core.streams import MODES, check_modes, stream_key
 
 DEFAULT_PARTITIONS = 8
@@ -102,6 +102,12 @@ def _digest(*parts) -> int:
             h.update(repr(x).encode())
         h.update(b"\x00")
     return int.from_bytes(h.digest(), "little")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _stream_task(mode: str, stream: str, parts: int) -> str:
+    """The task of a stream (a conversation's requests come back to it again and again)."""
+    return f"{mode}/{_digest(stream) % parts}"
 
 
 def global_key_symbols(p, depth: int) -> np.ndarray:
@@ -125,8 +131,8 @@ def shallow_prompt(p, depth: int, own: bool = False):
     cut, cum = s[:depth], None if p.cum is None else p.cum[:depth + 1]
     if own:
         cut, cum, out = (None if x is None else x.copy() for x in (cut, cum, out))
-    return dataclasses.replace(p, symbols=cut, cum=cum, output=out, shared=min(p.shared, depth),
-                               seg_ids=None, output_seg_ids=None)
+    return altered(p, symbols=cut, cum=cum, output=out, shared=min(p.shared, depth), seg_ids=None,
+                   output_seg_ids=None)
 
 
 class Router:
@@ -162,14 +168,14 @@ class Router:
         out, boundary = [], None
         for m in self.modes:
             if m != "global":
-                out.append((f"{m}/{_digest(stream_key(m, p.tenant, p.key, p.session)) % self.parts}", kept))
+                out.append((_stream_task(m, stream_key(m, p.tenant, p.key, p.session), self.parts), kept))
                 continue
             k = _digest(p.model, global_key_symbols(p, self.depth)) % self.parts
             q = kept
             if p.cum is None:  # a text prompt: iter_prompts' conversation bookkeeping
                 conv = (p.tenant, p.session or p.key)
                 if p.shared and self._last_part.get(conv) != k:
-                    q = dataclasses.replace(kept, shared=0)  # its previous prompt went to another trie
+                    q = altered(kept, shared=0)  # its previous prompt went to another trie
                 self._last_part[conv] = k
             out.append((f"global/{k}", q))
             out.append((f"global/{SHALLOW}", shallow_prompt(p, self.depth, own=self.travel_light)))

@@ -11,7 +11,6 @@ set aside by the tokenize stage (unrenderable) are not replayed.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 from collections import OrderedDict
@@ -71,7 +70,15 @@ def light(p: Prompt) -> Prompt:
     again."""
     if p.seg_ids is None:
         return p
-    return dataclasses.replace(p, symbols=None, output=None)
+    return altered(p, symbols=None, output=None)
+
+
+def altered(p: Prompt, **changes) -> Prompt:
+    """``dataclasses.replace(p, **changes)`` without its per-field checks (a
+    tenth of the cost; the streamed replay's driver makes a few per prompt)."""
+    q = object.__new__(type(p))
+    q.__dict__ = {**p.__dict__, **changes}
+    return q
 
 
 def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ A pool is ``size`` walkers with ``submit(walker, batch, segments) -> handle``
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from replay.core import partition
@@ -49,8 +50,8 @@ class WalkerFailed(RuntimeError):
         self.walker, self.names, self.cause = walker, names, cause
 
 
-class Walkers:
-    """One walker's partitions: their tries, the segments it was sent, and the
+class Walker:
+    """One walker: its partitions' tries, the segments it was sent, and the
     conversations it assembled last (to build their next prompt from)."""
 
     def __init__(self, variants=("prompt",), horizon_us: int = INF_US):
@@ -70,14 +71,14 @@ class Walkers:
         last = None  # (a prompt routed to several partitions here is assembled once)
         with _collector_paused():
             for name, p in batch:
-                walker = touched.get(name)
-                if walker is None:
-                    walker = self.parts.get(name)
-                    if walker is None:
-                        walker = self.parts[name] = Replayer((name.split("/")[0],), self.variants, self.horizon)
-                    touched[name] = walker
+                part = touched.get(name)
+                if part is None:
+                    part = self.parts.get(name)
+                    if part is None:
+                        part = self.parts[name] = Replayer((name.split("/")[0],), self.variants, self.horizon)
+                    touched[name] = part
                 if p.symbols is not None:
-                    walker.walk(p)
+                    part.walk(p)
                     continue
                 if last is None or last[0] is not p.seg_ids or last[1] is not p.output_seg_ids:
                     symbols, _, _ = self.conversations.assemble((p.tenant, p.session or p.key), p.seg_ids.tolist())
@@ -85,14 +86,14 @@ class Walkers:
                     last = (p.seg_ids, out, symbols,
                             self.segments.concat(out.tolist()) if out is not None and len(out) else None)
                 p.symbols, p.output = last[2], last[3]
-                walker.walk(p)
+                part.walk(p)
                 p.symbols = p.output = None
-        return {name: w.take() for name, w in touched.items()}
+        return {name: part.take() for name, part in touched.items()}
 
     def nodes(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for w in self.parts.values():
-            for k, n in w.nodes().items():
+        for part in self.parts.values():
+            for k, n in part.nodes().items():
                 out[k] = out.get(k, 0) + n
         return out
 
@@ -103,7 +104,7 @@ class LocalPool:
 
     def __init__(self, size: int, variants=("prompt",), horizon_us: int = INF_US):
         self.size = size
-        self.walkers = [Walkers(variants, horizon_us) for _ in range(size)]
+        self.walkers = [Walker(variants, horizon_us) for _ in range(size)]
         self._calls: dict[int, tuple] = {}
         self._next = 0
         self.busy = [0] * size
@@ -189,16 +190,13 @@ class _Driver:
         batch, self.batches[w] = self.batches[w], []
         segments = None
         if self.segs is not None:
-            have, new = self.sent[w], []
-            for _, q in batch:
-                if q.symbols is None:
-                    for ids in (q.seg_ids, q.output_seg_ids):
-                        if ids is not None:
-                            for s in ids.tolist():
-                                if s not in have:
-                                    have.add(s)
-                                    new.append(s)
-            segments = self.segs.table(new) if new else None
+            rows = {id(ids): ids for _, q in batch if q.symbols is None
+                    for ids in (q.seg_ids, q.output_seg_ids) if ids is not None and len(ids)}
+            if rows:  # (the batch's segments, each once, then those this walker lacks)
+                have = self.sent[w]
+                new = [s for s in np.unique(np.concatenate(list(rows.values()))).tolist() if s not in have]
+                have.update(new)
+                segments = self.segs.table(new) if new else None
         names = sorted({name for name, _ in batch})
         self.calls[self.pool.submit(w, batch, segments)] = (w, names)
         self.busy[w] += 1

@@ -4,7 +4,8 @@ An engine changes only *where* log files are parsed (``replay.readers.parsed``:
 each file on its own, written by this process in the same order, ids and rows)
 and *how* the walks of some (variant, mode) sets are
 computed (``replay.core.partition``: partitions exact on their own, merged into
-the single pass's rows); ``replay.prepare`` still decides which sets are stale,
+the single pass's rows; ``replay.core.streamed``: those partitions fed, a batch
+at a time, to walkers that keep their tries); ``replay.prepare`` still decides which sets are stale,
 and ``replay.core.replay.replay_stage`` stores the rows and records the sets
 current only when every partition is in. Ray is an optional extra
 (``pip install 'prefix-replay[ray]'``) and is imported only when asked for.

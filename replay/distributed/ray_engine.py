@@ -218,8 +218,8 @@ class RayEngine:
                 pool.close()
 
 
-class _Walkers(streamed.Walkers):
-    """A walker actor: ``streamed.Walkers`` and the test hook (``REPLAY_RAY_FAULT``)."""
+class _Walker(streamed.Walker):
+    """A walker actor: ``streamed.Walker`` and the test hook (``REPLAY_RAY_FAULT``)."""
 
     def __init__(self, variants, horizon_us: int, fault: str | None):
         super().__init__(variants, horizon_us)
@@ -238,7 +238,7 @@ class _RayPool:
 
     def __init__(self, ray, size: int, variants, horizon_us: int, fault: str | None):
         self.ray, self.size = ray, size
-        actor = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_Walkers)
+        actor = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_Walker)
         self.actors = [actor.options(name=None).remote(variants, horizon_us, fault) for _ in range(size)]
 
     def submit(self, walker: int, batch, segments):
