@@ -146,15 +146,6 @@ def test_a_conversation_split_across_partitions_is_not_trusted_as_a_path():
     assert got[("prompt", "global")][2][6] == [2, 3]
 
 
-@pytest.fixture(scope="module")
-def sample_con(tmp_path_factory):
-    con = api.open_db(tmp_path_factory.mktemp("part") / "s.duckdb")
-    api.ingest(con, ["data/sample"])
-    api.prepare(con, modes=())  # tokenize
-    yield con
-    con.close()
-
-
 @pytest.mark.parametrize("parts,depth", [(2, 1), (4, 64), (3, 4096)])
 def test_sample_partitioned_equals_single_pass(sample_con, parts, depth):
     prompts = list(iter_prompts(sample_con, with_output=True))

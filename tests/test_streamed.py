@@ -7,7 +7,6 @@ walkers (tests/test_ray.py).
 
 import pytest
 
-from replay import api
 from replay.core import partition, streamed
 from replay.core.prompts import SegmentStore, iter_prompts
 from replay.core.streams import MODES
@@ -29,15 +28,6 @@ def test_the_driver_holds_a_window_of_the_log_not_the_log(monkeypatch):
     driver.run(prompts)
     assert 0 < driver.most_waiting <= len(VARIANTS) * (40 + 2 * streamed.CALLS_PER_WALKER * 16) < len(prompts)
     assert not driver.boundary
-
-
-@pytest.fixture(scope="module")
-def sample_con(tmp_path_factory):
-    con = api.open_db(tmp_path_factory.mktemp("streamed") / "s.duckdb")
-    api.ingest(con, ["data/sample"])
-    api.prepare(con, modes=())  # tokenize
-    yield con
-    con.close()
 
 
 @pytest.mark.parametrize("parts,depth,size", [(2, 1, 2), (4, 64, 3), (3, 4096, 1)])
