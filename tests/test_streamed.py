@@ -5,10 +5,14 @@ partition argument (tests/test_partition.py); the Ray actors run the same
 walkers (tests/test_ray.py).
 """
 
+import numpy as np
 import pytest
 
+from replay import api
 from replay.core import partition, streamed
 from replay.core.prompts import SegmentStore, iter_prompts
+from replay.core.replay import replay_prompts
+from replay.core.segment_window import SegmentWindow
 from replay.core.streams import MODES
 from replay.core.times import INF_US
 
@@ -65,3 +69,69 @@ def test_a_failing_walker_is_named_with_its_partitions(monkeypatch):
     with pytest.raises(streamed.WalkerFailed, match="global/shallow") as e:
         partitioned(prompts, MODES, ("prompt",), INF_US, 2, 2, size=2, batch=8)
     assert isinstance(e.value.cause, OSError)
+
+
+@pytest.mark.parametrize("with_output", [False, True])
+def test_a_window_of_the_segments_gives_the_same_prompts_and_rows(sample_con, monkeypatch, with_output):
+    """The driver's ``SegmentWindow``: the same prompts as the whole segment
+    store, read a stretch at a time; the rows exact; and it holds fewer tokens
+    than the log's unique tokens, nothing once every prompt was sent."""
+    monkeypatch.setattr(streamed, "EVERY", 7)
+    everything = SegmentStore(sample_con)
+    want = list(iter_prompts(sample_con, with_output=with_output, chunk=16))
+    window = SegmentWindow(sample_con, with_output)
+    got = list(iter_prompts(sample_con, with_output=with_output, chunk=16, segs=window))
+    assert [(p.request_id, p.symbols.tolist(), None if p.output is None else p.output.tolist(), p.shared)
+            for p in got] == \
+        [(p.request_id, p.symbols.tolist(), None if p.output is None else p.output.tolist(), p.shared) for p in want]
+    variants = VARIANTS if with_output else ("prompt",)
+    window = SegmentWindow(sample_con, with_output)
+    rows: dict = {}
+
+    def sink(part):
+        for key, rs in part.items():
+            rows.setdefault(key, []).extend(rs)
+
+    streamed.replay_streamed(iter_prompts(sample_con, with_output=with_output, chunk=16, segs=window),
+                             streamed.LocalPool(2, variants), sink, MODES, variants, 3, 8, window, batch=8)
+    single = replay_prompts(want, MODES, variants, INF_US)
+    order = {p.request_id: i for i, p in enumerate(want)}
+    for key in single:
+        if key != "_nodes":
+            assert sorted(rows[key], key=lambda r: order[r[0]]) == single[key], key
+    total = sum(len(everything.tokens(s)) for s in everything.lengths())
+    assert 0 < window.most_tokens < total
+    assert window.held == 0 and not window._tokens
+
+
+@pytest.fixture(scope="module")
+def generated_con(tmp_path_factory):
+    from replay.synth.generator import generate
+
+    base = tmp_path_factory.mktemp("window")
+    logs = generate(base / "logs", seed=11, scale=0.1)
+    con = api.open_db(base / "g.duckdb")
+    api.ingest(con, [str(next(iter(logs.files.values())).parent)])
+    api.prepare(con, modes=())  # tokenize
+    yield con
+    con.close()
+
+
+def test_a_window_keeps_a_prompt_s_segments_until_its_conversation_s_next(generated_con):
+    """``iter_prompts`` builds a prompt from its conversation's previous one,
+    looking up that one's segments: dropped as early as allowed (after every
+    prompt), the window still holds them when the next prompt comes, and the
+    prompts equal those of the whole store."""
+    window = SegmentWindow(generated_con)
+    want = iter_prompts(generated_con, chunk=4)
+    previous: dict = {}
+    seen = 0
+    for i, (p, q) in enumerate(zip(iter_prompts(generated_con, chunk=4, segs=window), want)):
+        assert p.request_id == q.request_id and np.array_equal(p.symbols, q.symbols) and p.shared == q.shared
+        conv = (p.tenant, p.session or p.key)
+        if conv in previous:
+            assert all(s in window._tokens for s in previous[conv]), p.request_id
+            seen += 1
+        previous[conv] = p.seg_ids.tolist()
+        window.forget_before(i + 1)
+    assert seen and window.most_tokens < sum(SegmentStore(generated_con).lengths().values())

@@ -231,16 +231,23 @@ class NotTokenized(RuntimeError):
 def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
                  segs: SegmentStore | None = None) -> Iterator[Prompt]:
     """Every replayable request in processing order (time, then input order), as
-    symbol arrays (``segs``: the segments already read, else read here)."""
+    symbol arrays (``segs``: the segments already read, else read here; or a
+    ``replay.core.segment_window.SegmentWindow``, which this tells how far the
+    requests were read)."""
     missing = db.untokenized(con)
     if missing:
         raise NotTokenized(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     segs = SegmentStore(con) if segs is None else segs
+    reach = getattr(segs, "reach", None)  # (a window of the segments: loads those this chunk uses first)
     out_col = "p.output_seg_ids" if with_output else "NULL"
     conversations = Conversations(segs)
+    read = 0
     for tbl in time_ordered_chunks(con, f"""
             r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model, r.format,
             p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.block_lengths, r.input_length""", chunk):
+        read += tbl.num_rows
+        if reach is not None:
+            reach(read)
         # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
         cols = {c: db.list_rows(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids", "block_lengths")}
         meta = {c: tbl.column(c).to_pylist() for c in
@@ -288,17 +295,24 @@ def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
     """
     room = _Room(con)
     try:
-        got = room.run(lambda: db.arrow(con, f"SELECT r.request_id, r.ts_us, {_WEIGHT} AS w FROM requests r "
-                                             f"LEFT JOIN prompts p USING (request_id) WHERE {REPLAYABLE}"))
-        rid, ts, weight = (got.column(c).to_numpy().astype(np.int64) for c in ("request_id", "ts_us", "w"))
-        by_time = np.lexsort((rid, ts))
-        order = rid[by_time]
+        order, weight = processing_order(con, room)
         name = f"__replay_chunk_ids_{next(_CHUNK_VIEWS)}"  # generators of one connection may interleave
-        for start, stop in _chunk_bounds(weight[by_time], chunk):
+        for start, stop in _chunk_bounds(weight, chunk):
             ids = order[start:stop]
             yield room.run(lambda: _fetch_chunk(con, columns, ids, name))
     finally:
         room.restore()
+
+
+def processing_order(con, room: "_Room | None" = None) -> tuple[np.ndarray, np.ndarray]:
+    """The replayable requests' ids in processing order (time, then input
+    order), and each one's weight in a chunk (:func:`_chunk_bounds`)."""
+    query = (f"SELECT r.request_id, r.ts_us, {_WEIGHT} AS w FROM requests r "
+             f"LEFT JOIN prompts p USING (request_id) WHERE {REPLAYABLE}")
+    got = (room.run if room is not None else (lambda q: q()))(lambda: db.arrow(con, query))
+    rid, ts, weight = (got.column(c).to_numpy().astype(np.int64) for c in ("request_id", "ts_us", "w"))
+    by_time = np.lexsort((rid, ts))
+    return rid[by_time], weight[by_time]
 
 
 def _fetch_chunk(con, columns: str, ids: np.ndarray, name: str):

@@ -152,11 +152,13 @@ class _Driver:
         self.deep: dict[str, dict] = {v: {} for v in self.variants}
         self.out: dict = {(v, m): [] for v in self.variants for m in router.modes}
         self.held = 0
+        self.read = 0  # prompts routed so far
         self.finished: list[int] = []  # global requests whose rows the current call made final
         self.most_waiting = 0
 
     def run(self, prompts) -> dict[str, int]:
         for i, p in enumerate(prompts, 1):
+            self.read = i
             routed, b = self.router.route(p)
             if b is not None:
                 self.boundary[p.request_id] = b
@@ -183,6 +185,11 @@ class _Driver:
         for w in range(self.pool.size):
             if self.batches[w]:
                 self.send(w)
+        forget = getattr(self.segs, "forget_before", None)
+        if forget is not None:  # (a window of the segments: those no prompt still to come uses go)
+            gone = forget(self.read)
+            for have in self.sent:
+                have.difference_update(gone)
 
     def send(self, w: int) -> None:
         while self.busy[w] >= CALLS_PER_WALKER:

@@ -47,7 +47,8 @@ import time
 
 from replay.core import partition, streamed
 from replay.distributed import DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable
-from replay.core.prompts import SegmentStore, iter_prompts
+from replay.core.prompts import iter_prompts
+from replay.core.segment_window import SegmentWindow
 
 FAULT_ENV = "REPLAY_RAY_FAULT"
 _END = object()
@@ -196,12 +197,13 @@ class RayEngine:
         parts = self.partitions or 2 * cpus
         size = min(cpus, parts * len(modes) + ("global" in modes))
         fault = os.environ.get(FAULT_ENV) or None
-        segments = SegmentStore(con)
         variants = tuple(variants)
+        with_output = "prompt+output" in variants
         for attempt in range(self.max_retries + 1):
             pool = _RayPool(ray, size, variants, int(horizon_us), fault)
             try:
-                prompts = iter_prompts(con, with_output="prompt+output" in variants, segs=segments)
+                segments = SegmentWindow(con, with_output)  # (the driver holds the live segments only)
+                prompts = iter_prompts(con, with_output=with_output, segs=segments)
                 return streamed.replay_streamed(prompts, pool, sink, modes, variants, parts, self.depth,
                                                 segments, progress)
             except streamed.WalkerFailed as e:
