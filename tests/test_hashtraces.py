@@ -466,7 +466,7 @@ def test_long_block_lists_are_read_within_a_small_memory_cap(tmp_path, monkeypat
     assert got == 4200 * 64 * 1500
     after = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
     assert abs(prompts._bytes(after) - prompts._bytes(limit)) < 2**20  # put back (to its shown precision)
-    monkeypatch.setattr(prompts._Room, "run", lambda self, query: query())
+    monkeypatch.setattr(prompts.MemoryRoom, "run", lambda self, query: query())
     with pytest.raises(Exception, match="(?i)memory"):
         sum(p.n_tokens for p in prompts.iter_prompts(con))
     con.close()

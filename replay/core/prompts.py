@@ -293,7 +293,7 @@ def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
     to DuckDB as an Arrow table it joins with inside the chunk's id range (zone
     maps skip the rest) and orders by.
     """
-    room = _Room(con)
+    room = MemoryRoom(con)
     try:
         order, weight = processing_order(con, room)
         name = f"__replay_chunk_ids_{next(_CHUNK_VIEWS)}"  # generators of one connection may interleave
@@ -304,7 +304,7 @@ def time_ordered_chunks(con, columns: str, chunk: int = 2_000):
         room.restore()
 
 
-def processing_order(con, room: "_Room | None" = None) -> tuple[np.ndarray, np.ndarray]:
+def processing_order(con, room: "MemoryRoom | None" = None) -> tuple[np.ndarray, np.ndarray]:
     """The replayable requests' ids in processing order (time, then input
     order), and each one's weight in a chunk (:func:`_chunk_bounds`)."""
     query = (f"SELECT r.request_id, r.ts_us, {_WEIGHT} AS w FROM requests r "
@@ -335,7 +335,7 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
-class _Room:
+class MemoryRoom:
     """Memory for scans of long lists. DuckDB holds the items of 2,048 rows at
     once in each scanning thread, whatever the chunk: block traces with
     thousands of ids a request (kv-cache-tester's reach 13,000) need more than

@@ -23,7 +23,7 @@ import itertools
 import numpy as np
 import pyarrow as pa
 
-from replay.core.prompts import SegmentStore, processing_order
+from replay.core.prompts import MemoryRoom, SegmentStore, processing_order
 from replay.store import db
 
 _VIEWS = itertools.count()
@@ -45,14 +45,19 @@ class SegmentWindow(SegmentStore):
         # builds that prompt from this one's (``Conversations``), looking up its segments
         conversation = ("r.tenant, CASE WHEN r.session IS NULL OR r.session = '' THEN r.prompt_cache_key "
                         "ELSE r.session END")
+        room = MemoryRoom(con)  # (a week's 33 M segment uses may not fit DuckDB's cap: it is raised, then put back)
         try:
-            got = db.arrow(con, f"""
-                SELECT u.seg_id, min(u.pos) AS first, max(u.until) AS last, any_value(s.rowid) AS row
-                FROM (SELECT q.pos, coalesce(lead(q.pos) OVER (PARTITION BY {conversation} ORDER BY q.pos), q.pos)
-                             AS until, unnest({used}) AS seg_id
-                      FROM prompts p JOIN {name} q USING (request_id) JOIN requests r USING (request_id)) u
-                JOIN segments s ON s.seg_id = u.seg_id GROUP BY u.seg_id""")
+            got = room.run(lambda: db.arrow(con, f"""
+                WITH c AS (SELECT q.request_id, q.pos,
+                                  coalesce(lead(q.pos) OVER (PARTITION BY {conversation} ORDER BY q.pos), q.pos) AS until
+                           FROM {name} q JOIN requests r USING (request_id)
+                           WHERE q.request_id IN (SELECT request_id FROM prompts)),
+                     u AS (SELECT u.seg_id, min(u.pos) AS first, max(u.until) AS last
+                           FROM (SELECT c.pos, c.until, unnest({used}) AS seg_id FROM prompts p JOIN c USING (request_id)) u
+                           GROUP BY u.seg_id)
+                SELECT u.seg_id, u.first, u.last, s.rowid AS row FROM u JOIN segments s ON s.seg_id = u.seg_id"""))
         finally:
+            room.restore()
             con.unregister(name)
         seg, first, last, row = (got.column(c).to_numpy() for c in ("seg_id", "first", "last", "row"))
         by_first = np.argsort(first, kind="stable")
