@@ -12,7 +12,8 @@ CPU (``replay.core.streamed``: each actor keeps the tries of the partitions of
 prompts travel as segment ids, and each actor is sent each segment it needs
 once, so an actor holds its partitions' unique tokens and tries, and the driver
 holds the batches in flight rather than the log's prompts (the plan of a whole
-log, the earlier design, held 4–4.6 GB on the driver for a week). The rows come
+log, the earlier design, held 4–4.6 GB on the driver for a week), and only the
+segments alive around them (``replay.core.segment_window``). The rows come
 back to the driver, are finished (a global row spliced with its shallow row)
 and handed to ``sink`` — ``replay_stage`` stores them with ``insert_walks`` and
 records the walk sets current only after the last one, so a failed run leaves
