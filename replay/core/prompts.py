@@ -129,15 +129,28 @@ class SegmentStore:
         self._tokens: dict[int, np.ndarray] = {}
         self.add(self.read_table(con) if table is None else table)
 
-    def add(self, tbl: pa.Table) -> None:
-        """Take the segments of ``tbl`` (rows of the `segments` table) too."""
+    def add(self, tbl: pa.Table, copy: bool = False) -> int:
+        """Take the segments of ``tbl`` (rows of the `segments` table) too, as
+        views of its buffer (``copy``: arrays of their own, so that dropping some
+        frees them); returns how many tokens they hold."""
         if not tbl.num_rows:
-            return
+            return 0
         toks = tbl.column("tokens").combine_chunks()
         offsets = toks.offsets.to_numpy()
         values = toks.values.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        cut = (lambda a, b: values[a:b].copy()) if copy else (lambda a, b: values[a:b])
         self._tokens.update(
-            (sid, values[offsets[i]:offsets[i + 1]]) for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist()))
+            (sid, cut(offsets[i], offsets[i + 1])) for i, sid in enumerate(tbl.column("seg_id").to_numpy().tolist()))
+        return int(offsets[-1] - offsets[0])
+
+    def reach(self, stop: int) -> None:
+        """``iter_prompts`` has read the requests before position ``stop`` (this
+        store holds every segment already; a window reads them as they come)."""
+
+    def forget_before(self, pos: int) -> list[int]:
+        """The requests before position ``pos`` are done with: the segments no
+        later one uses, dropped (here: none; a window drops them)."""
+        return []
 
     def table(self, seg_ids) -> pa.Table:
         """The rows of the `segments` table for ``seg_ids`` (what :meth:`add` takes)."""
@@ -238,7 +251,6 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
     if missing:
         raise NotTokenized(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     segs = SegmentStore(con) if segs is None else segs
-    reach = getattr(segs, "reach", None)  # (a window of the segments: loads those this chunk uses first)
     out_col = "p.output_seg_ids" if with_output else "NULL"
     conversations = Conversations(segs)
     read = 0
@@ -246,8 +258,7 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
             r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model, r.format,
             p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.block_lengths, r.input_length""", chunk):
         read += tbl.num_rows
-        if reach is not None:
-            reach(read)
+        segs.reach(read)  # (a window of the segments reads those this chunk uses first)
         # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
         cols = {c: db.list_rows(tbl.column(c)) for c in ("seg_ids", "output_seg_ids", "block_ids", "block_lengths")}
         meta = {c: tbl.column(c).to_pylist() for c in

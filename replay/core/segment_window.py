@@ -82,11 +82,8 @@ class SegmentWindow(SegmentStore):
                                      f"WHERE s.rowid BETWEEN {int(row.min())} AND {int(row.max())}")
         finally:
             self.con.unregister(name)
-        self.add(tbl)  # (each segment once: it is first used in one stretch only)
-        for s in tbl.column("seg_id").to_numpy().tolist():
-            # a copy: a view would keep the whole stretch's buffer alive as long as any of its segments
-            self._tokens[s] = toks = self._tokens[s].copy()
-            self.held += len(toks)
+        # copies: a view would keep the whole stretch's buffer alive as long as any of its segments
+        self.held += self.add(tbl, copy=True)  # (each segment once: it is first used in one stretch only)
         self._loaded = end
         self.most_tokens = max(self.most_tokens, self.held)
 

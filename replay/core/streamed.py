@@ -1,8 +1,8 @@
 """The partitioned replay streamed to walkers that keep their partitions' tries.
 
-``replay.core.partition`` proves each partition exact on its own and plans a
-whole log before anything is walked; here the driver reads the prompts once,
-in processing order, routes each as it comes (``partition.Router``) and hands
+``replay.core.partition`` proves each partition exact on its own; here the
+driver reads the prompts once, in processing order, routes each as it comes
+(``partition.Router``) and hands
 them, a batch at a time, to a fixed set of *walkers* — each holding some
 partitions' tries (``Replayer``), the segments it was sent and the
 conversations it assembles — so neither the driver nor a walker ever holds the
@@ -25,6 +25,8 @@ A pool is ``size`` walkers with ``submit(walker, batch, segments) -> handle``
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -91,11 +93,7 @@ class Walker:
         return {name: part.take() for name, part in touched.items()}
 
     def nodes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for part in self.parts.values():
-            for k, n in part.nodes().items():
-                out[k] = out.get(k, 0) + n
-        return out
+        return _summed(part.nodes() for part in self.parts.values())
 
 
 class LocalPool:
@@ -175,19 +173,14 @@ class _Driver:
         self.flush()
         if any(self.shallow.values()) or any(self.deep.values()):
             raise AssertionError("global rows left without their other half")
-        nodes: dict[str, int] = {}
-        for w in range(self.pool.size):
-            for k, n in self.pool.nodes(w).items():
-                nodes[k] = nodes.get(k, 0) + n
-        return nodes
+        return _summed(self.pool.nodes(w) for w in range(self.pool.size))
 
     def send_all(self) -> None:
         for w in range(self.pool.size):
             if self.batches[w]:
                 self.send(w)
-        forget = getattr(self.segs, "forget_before", None)
-        if forget is not None:  # (a window of the segments: those no prompt still to come uses go)
-            gone = forget(self.read)
+        if self.segs is not None:  # (a window of the segments drops those no prompt still to come uses)
+            gone = self.segs.forget_before(self.read)
             for have in self.sent:
                 have.difference_update(gone)
 
@@ -259,6 +252,14 @@ class _Driver:
             self.sink(self.out)
             self.out = {k: [] for k in self.out}
             self.held = 0
+
+
+def _summed(counts) -> dict[str, int]:
+    """Trie nodes by set, summed (a set with none kept, as ``replay_prompts`` keeps it)."""
+    total: Counter = Counter()
+    for c in counts:
+        total.update(c)
+    return dict(total)
 
 
 def replay_streamed(prompts, pool, sink, modes=MODES, variants=("prompt",), parts: int = partition.DEFAULT_PARTITIONS,
