@@ -5,6 +5,8 @@ partition argument (tests/test_partition.py); the Ray actors run the same
 walkers (tests/test_ray.py).
 """
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,80 @@ def test_a_window_keeps_a_prompt_s_segments_until_its_conversation_s_next(genera
         previous[conv] = p.seg_ids.tolist()
         window.forget_before(i + 1)
     assert seen and window.most_tokens < sum(SegmentStore(generated_con).lengths().values())
+
+
+def _spans_by_brute_force(prompts, with_output):
+    """Each segment's (first use, last use): the latest of its users' positions, or
+    of the conversation's next *text* prompt after a user (which is built from it)."""
+    text = [(i, p) for i, p in enumerate(prompts) if p.cum is None]
+    following: dict[int, int] = {}
+    last_of: dict = {}
+    for i, p in reversed(text):
+        conv = (p.tenant, p.session or p.key)
+        following[i] = last_of.get(conv, i)
+        last_of[conv] = i
+    spans: dict[int, list[int]] = {}
+    for i, p in text:
+        used = list(p.seg_ids) + (list(p.output_seg_ids) if with_output and p.output_seg_ids is not None else [])
+        for s in used:
+            span = spans.setdefault(int(s), [i, following[i]])
+            span[1] = max(span[1], following[i])
+    return spans
+
+
+@pytest.mark.parametrize("with_output", [False, True])
+def test_the_window_s_spans_equal_brute_force_with_block_requests_in_a_conversation(tmp_path, shared_data,
+                                                                                    with_output):
+    """First and last use of every segment, against a brute force over the
+    prompts; block-trace requests join a text conversation, between and after
+    its prompts: only a text prompt is built from the previous one, so they
+    must not count as "the next prompt"."""
+    src = shared_data / "mooncake" / "conversation_trace.jsonl"
+    path = tmp_path / "mooncake.jsonl"
+    with open(src) as f, open(path, "w") as g:
+        g.writelines(itertools.islice(f, 200))
+    con = api.open_db(tmp_path / "mixed.duckdb")
+    api.ingest(con, ["data/sample", str(path)])
+    api.prepare(con, modes=())  # tokenize
+    tenant, session = con.execute("""
+        SELECT tenant, session FROM requests WHERE block_ids IS NULL AND session IS NOT NULL
+        GROUP BY ALL ORDER BY count(*) DESC LIMIT 1""").fetchone()
+    times = [t for (t,) in con.execute("SELECT ts_us FROM requests WHERE tenant = ? AND session = ? ORDER BY ts_us",
+                                       [tenant, session]).fetchall()]
+    blocks = [r for (r,) in con.execute("SELECT request_id FROM requests WHERE block_ids IS NOT NULL").fetchall()]
+    # a block request 1 µs after each of the conversation's prompts, the last one included
+    con.executemany("UPDATE requests SET tenant = ?, session = ?, ts_us = ? WHERE request_id = ?",
+                    [[tenant, session, times[k % len(times)] + 1, r] for k, r in enumerate(blocks)])
+    want = _spans_by_brute_force(list(iter_prompts(con, with_output=with_output)), with_output)
+    window = SegmentWindow(con, with_output)
+    got = {int(s): [int(f), None] for s, f in zip(window._seg, window._first)}
+    for s, last in zip(window._seg_by_last, window._last):
+        got[int(s)][1] = int(last)
+    assert got == want
+    con.close()
+
+
+def test_a_window_whose_query_runs_out_of_duckdb_memory_raises_the_cap_and_puts_it_back(sample_con, monkeypatch):
+    """The spans' query over every segment use may not fit DuckDB's cap (its first
+    form did not on the week-like log): the cap is raised until it fits, then restored."""
+    import duckdb
+
+    from replay.core import segment_window
+
+    want = SegmentWindow(sample_con)
+    before = sample_con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    real, calls, limits = segment_window.db.arrow, [], []
+
+    def arrow(con, query):
+        if "lead(" in query:  # (the spans' query)
+            calls.append(query)
+            limits.append(con.execute("SELECT current_setting('memory_limit')").fetchone()[0])
+            if len(calls) == 1:
+                raise duckdb.OutOfMemoryException("out of memory (a stand-in)")
+        return real(con, query)
+
+    monkeypatch.setattr(segment_window.db, "arrow", arrow)
+    got = SegmentWindow(sample_con)
+    assert len(calls) == 2 and limits[1] != limits[0]  # (run again with more room)
+    assert sample_con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
+    assert np.array_equal(got._seg, want._seg) and np.array_equal(got._last, want._last)
