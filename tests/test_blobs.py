@@ -213,6 +213,23 @@ def test_body_texts_are_stored_with_zstd_and_read_back_the_same(tmp_path, monkey
     assert bodies["zstd"] == bodies["auto"] and len(bodies["zstd"]) > 100
 
 
+def test_a_chunk_of_requests_is_read_by_a_scan_not_through_the_index(tmp_path):
+    """The tokenize stage reads its requests a range of ids at a time. Through the
+    primary key's index DuckDB fetches such a range row by row, each fetched
+    string decompressing its zstd block: db.connect turns index scans off."""
+    from replay import api as pipeline
+
+    path = tmp_path / "r.duckdb"
+    con = db.connect(path)
+    pipeline.ingest(con, [str(ROOT / "data" / "sample")])
+    con.close()
+    con = db.connect(path)
+    plan = con.execute("EXPLAIN ANALYZE SELECT output FROM requests WHERE request_id BETWEEN 0 AND 100"
+                       ).fetchall()[0][1]
+    con.close()
+    assert "Sequential Scan" in plan and "Index Scan" not in plan
+
+
 def _json_values(rng, depth=0):
     """Random decoded-JSON values made of near misses: 1 / 1.0 / True / "1",
     0.0 / -0.0, the same keys in another order, a list inside a list."""
