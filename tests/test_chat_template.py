@@ -497,6 +497,61 @@ def test_splitter_agrees_with_tokenizers_on_overlaps():
         assert [p for p in _pieces(sp, text) if p in toks] == specials, text
 
 
+def test_splitter_agrees_with_tokenizers_on_random_texts():
+    """Texts thick with added tokens, their pieces and near misses, overlapping
+    one another (normalized or not, tries of several first characters): the
+    added tokens cut are those tokenizers finds, whether the whole-text scans
+    of each trie do not overlap (taken together) or do (scanned in order)."""
+    import random
+
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    plain = ["<a>", "<a><b>", "b>c", "<x>", "|p|", "|p|q"]
+    normalized = ["x<a", "c<x>y", "zz", "<n>", "|n|", "q|p"]
+    tk = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in plain])
+    tk.add_tokens([AddedToken(t, normalized=True) for t in normalized])
+    sp = Splitter([_added(t) for t in plain] + [_added(t, normalized=True, special=False) for t in normalized],
+                  None, None)
+    toks = set(plain) | set(normalized)
+    bits = sorted(toks) + ["<", ">", "|", "a", "b", "c", "x", "y", "z", "q", "p", " ", "\n"]
+    rng = random.Random(7)
+    overlapping = 0
+    for _ in range(600):
+        text = "".join(rng.choice(bits) for _ in range(rng.randrange(0, 30)))
+        got = tk.encode(text, add_special_tokens=False)
+        want = [text[s:e] for (s, e), t in zip(got.offsets, got.tokens) if t in toks]
+        pieces = _pieces(sp, text)
+        assert "".join(pieces) == text
+        assert [p for p in pieces if p in toks] == want, text
+        spans = sorted(m.span() for rx in sp._tries for m in rx.finditer(text))
+        overlapping += any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    assert 100 < overlapping < 500  # both ways of finding the matches were taken
+
+
+def test_line_chunks_without_carriage_returns_are_those_of_the_general_rule(monkeypatch):
+    """A text with no carriage return is cut at line starts by a pattern that
+    looks for line feeds only: the same cuts as the general one."""
+    import random
+
+    from replay.text import splitter
+
+    rng = random.Random(3)
+    words = ["word", " ", "\t", "\n", "\n  ", "\n\n", "{", "}", "é", "\u00a0", "\r\n"]
+    texts = ["".join(rng.choice(words if k % 2 else words[:-1]) for _ in range(rng.randrange(500, 3000)))
+             for k in range(40)]
+    assert any("\r" in t for t in texts) and any("\r" not in t for t in texts)
+    cuts = []
+    for lf_pattern in (splitter._LINE_CUT_LF, splitter._LINE_CUT):
+        monkeypatch.setattr(splitter, "_LINE_CUT_LF", lf_pattern)
+        sp = Splitter([_added("<c>")], None, None)
+        sp.lines = True  # (the line argument's pre-tokenizer is assumed: these are cuts, not tokens)
+        cuts.append([sp.split(t) for t in texts])
+    assert cuts[0] == cuts[1]
+    assert sum(map(len, cuts[0])) > 40 * 20  # many line chunks
+
+
 def test_splitter_does_not_cut_at_stripping_or_normalized_tokens():
     sp = Splitter([_added("<l>", lstrip=True), _added("<r>", rstrip=True), _added("<w>", single_word=True),
                    _added("<n>", normalized=True), _added("<c>")], None, {"type": "Lowercase"})

@@ -24,6 +24,9 @@ LINE_CHUNK_MAX = 16_384
 # After a line break, spaces/tabs, then a character that is not whitespace in any
 # definition: the known pre-tokenizer never joins text across it (``replay.text.render_template``'s docstring)
 _LINE_CUT = re.compile(r"[\r\n](?=[ \t]*[!-~\w])")
+# the same for a text without a carriage return: a literal first character is
+# searched for many times faster than a class of two
+_LINE_CUT_LF = re.compile(r"\n(?=[ \t]*[!-~\w])")
 #: long texts whose line cuts a Splitter remembers (then it forgets them all)
 _LINE_CACHE_MAX = 20_000
 #: set to 1: never cut the rendered text (each request's whole text is one segment)
@@ -46,6 +49,8 @@ class Splitter:
         # normalized ones in the text left between those (two passes, each leftmost longest)
         self._re = _alternation({a["content"] for a in added if a.get("content") and not a.get("normalized")})
         self._re_normalized = _alternation({a["content"] for a in added if a.get("content") and a.get("normalized")})
+        self._tries = [rx for group in (self._re, self._re_normalized) if group is not None
+                       for rx in (group if isinstance(group, list) else [group])]
         # the pre-tokenizer the line argument holds for (``replay.text.render_template``'s docstring)
         self.lines = _known(pre_tokenizer, normalizer, [a.get("content") or "" for a in added])
         self._line_cuts: dict = {}  # a long text between added tokens → its cuts
@@ -60,13 +65,7 @@ class Splitter:
         """``(start, end)`` of the pieces of ``text`` (none empty), in order."""
         if self.whole or (self._re is None and self._re_normalized is None):
             return [(0, len(text))] if text else []
-        matches: list[tuple[int, int]] = []
-        pos = 0
-        for s, e in [*_spans(self._re, text, 0, len(text)), (len(text), len(text))]:
-            matches.extend(_spans(self._re_normalized, text, pos, s))
-            if s < e:
-                matches.append((s, e))
-            pos = e
+        matches = self._matches(text)
         out: list[tuple[int, int]] = []
         pos = 0
         between = self._between if self.lines else _one
@@ -85,6 +84,30 @@ class Splitter:
             between(text, pos, len(text), out)
         return out
 
+    def _matches(self, text: str) -> list[tuple[int, int]]:
+        """The added tokens' matches in ``text`` as ``tokenizers`` finds them:
+        the tokens that are not ``normalized`` first (leftmost longest), then the
+        normalized ones in the text left between those.
+
+        First each trie's matches over the whole text on its own (one scan in
+        C each): when no two of all those overlap, no scan ever had to skip a
+        match for another's sake, so together they are exactly the answer (the
+        scan of a stretch between matches meets no match crossing its ends).
+        Otherwise the scans are made in order, as described."""
+        spans = [m.span() for rx in self._tries for m in rx.finditer(text)]
+        spans.sort()
+        if all(b[0] >= a[1] for a, b in zip(spans, spans[1:])):
+            return spans
+        n = len(text)
+        matches: list[tuple[int, int]] = []
+        pos = 0
+        for s, e in [*_spans(self._re, text, 0, n), (n, n)]:
+            matches.extend(_spans(self._re_normalized, text, pos, s))
+            if s < e:
+                matches.append((s, e))
+            pos = e
+        return matches
+
     def _between(self, text: str, start: int, end: int, out: list) -> None:
         """The text between two added tokens, in line chunks (``replay.text.render_template``'s docstring);
         a text seen before is cut where it was (remembered by its content)."""
@@ -98,7 +121,7 @@ class Splitter:
         if cuts is None:
             cuts = []
             at = start - base
-            for m in _LINE_CUT.finditer(span, at):
+            for m in (_LINE_CUT if "\r" in span else _LINE_CUT_LF).finditer(span, at):
                 p = m.end()
                 if p - at >= LINE_CHUNK_MAX or zlib.crc32(span[p - 24:p].encode("utf-8", "surrogatepass")) & 7 == 0:
                     cuts.append(p)
