@@ -95,6 +95,7 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False,
         return _ingest(con, list(paths) if not isinstance(paths, (str, os.PathLike)) else [paths], format=format,
                        fields=fields, time_unit=time_unit, progress=progress,
                        warm=tokenizer.warm if tokenizer is not None else None, engine=eng, parse=parse,
+                       warm_requests=tokenizer.warm_requests if tokenizer is not None else None,
                        prepared=prepared)
 
 

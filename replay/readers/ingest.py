@@ -104,6 +104,7 @@ def ingest(
     engine=None,
     parse=parse_file,
     prepared=None,
+    warm_requests=None,
 ) -> IngestSummary:
     """Load request logs into `requests` / `rejects` / `sources`.
 
@@ -125,6 +126,9 @@ def ingest(
     also prepares its body parts: ``replay.distributed.files``) and written here,
     with the same rows, ids and counts; ``prepared`` (instead of ``warm``) is
     handed the prepared parts of the blobs stored (``Tok.add_prepared``).
+    `warm_requests`: a callable given each request stored as parts (id, ts_us,
+    format, part ids) with the new parts (``Tok.warm_requests``: a chat
+    template's encoder process renders them ahead) — a hint, like `warm`.
     """
     if format is not None and format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -137,7 +141,8 @@ def ingest(
     # A cursor is a second connection to the same database with its own
     # transaction state, so each file can commit alone even if the caller's
     # connection is inside a transaction.
-    run = _Run(con.cursor(), files, format, opts, warm, progress, hash_here=engine is None)
+    run = _Run(con.cursor(), files, format, opts, warm, progress, hash_here=engine is None,
+               warm_requests=warm_requests)
     run.prepared = prepared
     try:
         if engine is None:
@@ -157,7 +162,7 @@ class _Run:
     """One call of `ingest`: its cursor, writer, counts and the files' hashes."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, files: list[str], forced: str | None, opts: Options,
-                 warm, progress: bool, hash_here: bool = True):
+                 warm, progress: bool, hash_here: bool = True, warm_requests=None):
         self.con = con
         self.forced = forced
         self.opts = opts
@@ -171,7 +176,7 @@ class _Run:
             known_blobs = con.execute("SELECT blob_id FROM blobs").fetchnumpy()["blob_id"]
             self.blobs = Blobs(set(known_blobs.tolist()), warm)
         self.deferred = db.Deferred()
-        self.writer = Writer(con, self.deferred, blobs=self.blobs)
+        self.writer = Writer(con, self.deferred, blobs=self.blobs, ahead=warm_requests)
         self.fbar = self.lbar = None
         if progress:
             from tqdm import tqdm

@@ -13,6 +13,7 @@ from replay.store.jsontext import dumps
 
 BATCH_ROWS = 5000
 BATCH_BYTES = 64 << 20  # also flush when the buffered bodies/outputs reach this size
+AHEAD_REQUESTS = 64  # requests handed to ``ahead`` at a time
 
 REQUEST_SCHEMA = pa.schema([
     ("request_id", pa.int64()),
@@ -59,8 +60,13 @@ class Writer:
     connection itself)."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, deferred: db.Deferred, batch_rows: int = BATCH_ROWS,
-                 blobs: Blobs | None = None):
+                 blobs: Blobs | None = None, ahead=None):
         self.con = con
+        # ``ahead(blobs, requests)``: handed each request stored as parts (id, ts_us,
+        # format, part ids) with the parts no earlier one brought (``Tok.warm_requests``)
+        self.ahead = ahead if blobs is not None else None
+        self._ahead_rows: list[tuple] = []
+        self._ahead_from = 0  # the pending blobs not yet handed to ``ahead`` start here
         self.deferred = deferred
         self.batch_rows = batch_rows
         self.blobs = blobs
@@ -80,6 +86,11 @@ class Writer:
                 row["body"] = dumps(body)
             else:
                 row["body_blobs"] = bids
+                if self.ahead is not None:
+                    self._ahead_rows.append((ids["request_id"], ids.get("ts_us", row.get("ts_us")),
+                                             ids.get("format", row.get("format")), bids))
+                    if len(self._ahead_rows) >= AHEAD_REQUESTS:
+                        self._hand_ahead()
         for n, col in self.req.items():
             col.append(ids[n] if n in ids else row.get(n))
         self.n_req += 1
@@ -122,7 +133,15 @@ class Writer:
         finally:
             self.con.unregister("__replay_ingest_batch")
 
+    def _hand_ahead(self) -> None:
+        b, start = self.blobs, self._ahead_from
+        self.ahead(list(zip(b.ids[start:], b.kinds[start:], b.texts[start:])), self._ahead_rows)
+        self._ahead_rows, self._ahead_from = [], len(b.ids)
+
     def _flush_requests(self) -> None:
+        if self.ahead is not None and self._ahead_rows:
+            self._hand_ahead()
+        self._ahead_from = 0
         if self.blobs is not None and self.blobs.ids:
             self._insert("blobs", self.blobs.table(), BLOB_SCHEMA)
             self.blobs.flushed()
@@ -144,6 +163,7 @@ class Writer:
     def discard(self, whole_file: bool = False) -> None:
         if self.blobs is not None:
             self.blobs.discard(whole_file)
+        self._ahead_rows, self._ahead_from = [], 0  # (what was handed over is checked where it is taken)
         self.req = {n: [] for n in REQUEST_SCHEMA.names}
         self.rej = {n: [] for n in REJECT_SCHEMA.names}
         self.n_req = self.n_rej = self.req_bytes = 0

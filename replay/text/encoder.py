@@ -9,7 +9,9 @@ on (:class:`Prepared`): the tokenize stage then takes each part's segment ids
 and the new segments' tokens from it instead of rendering and encoding them
 itself. Rendering is ``replay.text.render.render_part`` and the ids
 ``replay.text.segids`` in both processes, so the rows are the same either way.
-The protocol is pickled frames on the child's stdin/stdout (``replay.text.child``).
+With a chat template it is whole requests instead (``warm_requests``,
+``replay.text.template_ahead``), rendered while ingest runs and beside the
+tokenize stage, which takes them as it goes. The protocol is pickled frames on the child's stdin/stdout (``replay.text.child``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from replay.store.jsontext import loads
-from replay.text import child, segids
+from replay.text import child, segids, template_ahead
 from replay.text.engine import Engine
 from replay.text.render import render_part
 from replay.text.tokenizer_json import json_facts, load_reference, prepare_tokenizer
@@ -63,12 +65,14 @@ class EncoderProcess:
     Raises ``EncoderGone`` when the child is not there (the caller falls back).
     """
 
-    def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True):
+    def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True,
+                 template: tuple | None = None):
         self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0",
                                  "1" if add_markers else "0")
         self._lock = threading.Lock()
         self._info: dict | None = None
         self._warm_sent = 0
+        self._ahead_sent = 0
         self._closed = False
         # Frames go out through one sender thread, in order: a write blocks while
         # the child cannot read (while it loads), and ingest handing over parts
@@ -77,6 +81,8 @@ class EncoderProcess:
         self._gone = False
         self._sender = threading.Thread(target=self._send_loop, daemon=True, name="replay-encoder-sender")
         self._sender.start()
+        if template is not None:  # (source, origin, specials): requests are rendered ahead with it
+            self._send(("template", template))
 
     def info(self) -> dict:
         """vocab_size, marker_ids, markers_added (waits for the child to be ready)."""
@@ -100,7 +106,7 @@ class EncoderProcess:
             msg = self._outbox.get()
             if msg is None:
                 return
-            if self._gone or (self._closed and msg[0] == "warm"):
+            if self._gone or (self._closed and msg[0] in ("warm", "ahead")):
                 continue  # nobody to send to, or only hints nobody will take
             try:
                 child.write_frame(self._proc.stdin, msg)
@@ -131,6 +137,28 @@ class EncoderProcess:
         self._warm_sent += size
         with self._lock:
             self._send(("warm", parts))
+
+    def warm_requests(self, blobs: list[tuple[int, str, str]], requests: list[tuple]) -> None:
+        """Hand over requests (id, ts_us, format, part ids) to render ahead with
+        the template, with the parts (id, kind, text) no earlier request brought;
+        no reply (``replay.text.template_ahead``). Sent a few requests a frame;
+        past ``WARM_SEND_CHARS`` of parts in all, nothing more is sent."""
+        size = sum(len(t) for _, _, t in blobs)
+        if self._ahead_sent + size > WARM_SEND_CHARS:
+            return
+        self._ahead_sent += size
+        with self._lock:
+            for k in range(0, max(len(requests), 1), template_ahead.FRAME_REQUESTS):
+                self._send(("ahead", blobs if k == 0 else [], requests[k:k + template_ahead.FRAME_REQUESTS]))
+
+    def take_requests(self, request_ids: list[int]) -> tuple[dict[int, tuple], dict]:
+        """The requests among ``request_ids`` rendered ahead: id → (ts_us, format,
+        part ids, segment ids, parts), and seg id → tokens of their segments not
+        handed over before; the rest are the caller's to render."""
+        rids, rest, (segs, seg_lengths), (parts, _), tok_ids, packed = self._ask(("requests", request_ids))
+        segs, parts = _unpack(segs, seg_lengths, "<u8"), _unpack(parts, seg_lengths)
+        return ({rid: (*r, s, p) for rid, r, s, p in zip(rids, rest, segs, parts)},
+                dict(zip(tok_ids, _unpack(*packed))))
 
     def take_blobs_flat(self, blob_ids: list[int]) -> PreparedBlobs:
         """The prepared parts among ``blob_ids``, as flat arrays (no array per part:
@@ -300,11 +328,12 @@ class _Inbox:
         """A message from the parent (None: its end of input)."""
         if msg is None:
             self.eof = True
-        elif msg[0] == "warm":
+        elif msg[0] in ("warm", "ahead"):
             size = sum(len(t) for _, _, t in msg[1])
             if self.warm_chars + size <= self.backlog_chars:  # else dropped: only a hint
                 self.warm.append(msg)
-                self.pending.update(bid for bid, _, _ in msg[1])
+                if msg[0] == "warm":
+                    self.pending.update(bid for bid, _, _ in msg[1])
                 self.warm_chars += size
         else:
             self.asks.append(msg)
@@ -323,7 +352,8 @@ class _Inbox:
 
     def done(self, msg) -> None:
         """A warm message has been handled."""
-        self.pending.difference_update(bid for bid, _, _ in msg[1])
+        if msg[0] == "warm":
+            self.pending.difference_update(bid for bid, _, _ in msg[1])
         self.warm_chars -= sum(len(t) for _, _, t in msg[1])
 
 
@@ -363,10 +393,13 @@ class _Child:
     """The child's side: answers the parent's messages, one at a time, in the
     order :class:`_Inbox` gives them."""
 
-    def __init__(self, engine: Engine, info: dict, proto_out):
+    def __init__(self, engine: Engine, info: dict, proto_out, path: str = ""):
         self.engine = engine
         self.prepared = Prepared(engine, info)
+        self.ahead: template_ahead.RequestsAhead | None = None
+        self.path = path
         self.out = proto_out
+        self.between = None  # answers the parent's asks for rendered requests (``_serve``)
 
     def handle(self, msg, waiting: bool) -> None:
         """Do what ``msg`` asks; ``waiting``: the parent waits for an answer now."""
@@ -375,6 +408,20 @@ class _Child:
             # beside the parent's ingest: one thread; if the parent already waits, both cores
             os.environ["TOKENIZERS_PARALLELISM"] = "true" if waiting else "false"
             self.prepared.add(msg[1])  # body parts found by ingest: render, then encode ahead
+        elif kind == "ahead":
+            if self.ahead is not None:
+                os.environ["TOKENIZERS_PARALLELISM"] = "false"
+                self.ahead.add(msg[1], msg[2], self.between)
+        elif kind == "template":
+            try:
+                self.ahead = template_ahead.RequestsAhead(self.engine, msg[1], self.path)
+            except Exception as exc:  # noqa: BLE001 - the stage renders every request itself
+                print(f"tokenize: the encoder process cannot render ahead ({type(exc).__name__}: {exc})",
+                      file=sys.stderr)
+        elif kind == "requests":
+            got, tokens = self.ahead.take(msg[1]) if self.ahead is not None else ({}, {})
+            self._reply(lambda: (list(got), [v[:3] for v in got.values()], _pack([v[3] for v in got.values()], "<u8"),
+                                 _pack([v[4] for v in got.values()]), list(tokens), _pack(list(tokens.values()))))
         elif kind == "encode":
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
             self._reply(lambda: _pack(self.engine.encode(msg[1])), ENCODE_FAILED)
@@ -384,6 +431,8 @@ class _Child:
             self._reply(lambda: (list(got), list(kinds), _pack(list(segs), "<u8"), _pack(list(parts))))
         elif kind == "segments":
             got = self.prepared.take_segments(msg[1])
+            if self.ahead is not None:
+                got.update(self.ahead.take_segments([s for s in msg[1] if s not in got]))
             self._reply(lambda: (list(got), _pack(list(got.values()))))
         elif kind == "settle":
             self._settle()
@@ -404,6 +453,8 @@ class _Child:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # beside the parent's next stage
         # this process lives on beside the replay: first it gives back what the
         # stage no longer needs
+        if self.ahead is not None:
+            self.ahead.release()
         self.engine.release()
         _give_back_memory()
         try:
@@ -416,7 +467,7 @@ class _Child:
         ahead = (f"; {st['parts_taken']:,} of {st['parts']:,} body parts prepared while ingesting"
                  + (f" ({st['parts_dropped']:,} over the limit)" if st["parts_dropped"] else "")
                  if st["parts"] or st["parts_dropped"] else "")
-        return self.engine.describe() + ahead
+        return self.engine.describe() + ahead + (self.ahead.describe() if self.ahead is not None else "")
 
 
 def _serve(path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> None:
@@ -435,7 +486,7 @@ def _serve(path: str, backend: str, fast_from_file: bool, add_markers: bool = Tr
         child.write_frame(proto_out, ("error", f"{LOAD_FAILED} {path}: {type(exc).__name__}: {exc}"))
         return
     child.write_frame(proto_out, ("ok", info))
-    worker = _Child(engine, info, proto_out)
+    worker = _Child(engine, info, proto_out, path)
     cond = threading.Condition()
     inbox = _Inbox()
 
@@ -453,6 +504,20 @@ def _serve(path: str, backend: str, fast_from_file: bool, add_markers: bool = Tr
                 inbox.put(msg)
                 cond.notify()
 
+    def between() -> None:
+        """Between two requests rendered ahead: the parent's asks are answered
+        now, not after the work in hand (but an ask for body parts, which may
+        wait for parts queued: ``_Inbox.next``)."""
+        while True:
+            with cond:
+                if not inbox.asks or inbox.asks[0][0] == "blobs":
+                    return
+                msg = inbox.asks.popleft()
+            worker.handle(msg, True)
+
+    worker.between = between
+    # an ask waits for the reader thread to get the interpreter lock from the rendering: sooner
+    sys.setswitchinterval(0.0005)
     threading.Thread(target=reader, daemon=True, name="replay-encoder-reader").start()
     while True:
         with cond:

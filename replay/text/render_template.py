@@ -175,7 +175,7 @@ def load_template(path: str | Path) -> ChatTemplate:
         raise TemplateError(f"no chat template at {p}: give a .jinja file or a model directory")
     specials = (_special_tokens(config) if config.is_file() else None) or {}
     tpl = ChatTemplate(source, str(p), specials)
-    compiled(tpl.source)  # a template that does not compile is refused here, not per request
+    check_syntax(tpl.source)  # a template that does not compile is refused here, not per request
     return tpl
 
 
@@ -188,6 +188,37 @@ def specials_for_tokenizer(tokenizer_json: str | Path) -> dict:
 
 
 _COMPILED: dict[str, Any] = {}
+
+
+def check_syntax(source: str) -> None:
+    """Raise :class:`TemplateError` when ``source`` does not compile in an
+    environment like transformers' (sandboxed, ``trim_blocks``/``lstrip_blocks``,
+    loop controls and its ``{% generation %}`` block), without importing
+    transformers: that import takes a second, on the critical path of a run
+    whose template may be rendered mostly in the encoder process
+    (``replay.text.template_ahead``). :func:`compiled` compiles it in
+    transformers' own environment when it is first rendered here."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(jinja2.ext.Extension):
+        tags = {"generation"}  # (parsed as transformers' AssistantTracker parses it)
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):  # pragma: no cover - never rendered
+            return caller()
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    try:
+        env.from_string(source)
+    except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
+        raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
 
 
 def _chat_template_utils():
@@ -259,6 +290,20 @@ def _fast_compiled(source: str):
     slow_getattr = env.getattr
     undefined = env.undefined
     namespace = base.globals.get("namespace")
+    check_name = getattr(namespace, "_check_name", None)
+    if isinstance(namespace, type) and check_name is not None:
+        class FastNamespace(namespace):
+            """transformers' namespace, its ``set ns.x = …`` one call instead of three."""
+
+            def __setitem__(self, name, value):
+                if type(name) is not str or name[:1] == "_":
+                    check_name(name)  # (raises for a name the sandbox refuses)
+                object.__getattribute__(self, "_Namespace__attrs")[name] = value
+
+        env.globals["namespace"] = FastNamespace
+        namespaces = (namespace, FastNamespace)
+    else:
+        namespaces = (namespace,)
     dict_names, read_names = frozenset(dir(dict)), frozenset(dir(_Tracked))
     plain = (str, int, bool, float, type(None), list, dict, tuple)
 
@@ -270,7 +315,7 @@ def _fast_compiled(source: str):
                     return obj[attribute]
                 except KeyError:
                     return undefined(obj=obj, name=attribute)
-        elif t is namespace and attribute[:1] != "_":
+        elif t in namespaces and attribute[:1] != "_":
             attrs = object.__getattribute__(obj, "_Namespace__attrs")
             if attribute in attrs:
                 value = attrs[attribute]
@@ -315,7 +360,9 @@ class _Tracked(dict):
     (indices; ``render_chunks`` opens a new window at each written chunk)."""
     __slots__ = ("_index", "_w")
 
-    def _note(self, key) -> None:
+    # (the note is written out in both readers: a template reads a message's fields
+    # hundreds of times a request, and a call more each time shows)
+    def __getitem__(self, key):
         w, i = self._w, self._index
         w[0] = i
         if w[1] is None:
@@ -324,13 +371,17 @@ class _Tracked(dict):
             w[3] = True
         if key in _CONTENT_KEYS:
             w[2] = i
-
-    def __getitem__(self, key):
-        self._note(key)
         return dict.__getitem__(self, key)
 
     def get(self, key, default=None):
-        self._note(key)
+        w, i = self._w, self._index
+        w[0] = i
+        if w[1] is None:
+            w[1] = i
+        elif w[1] != i:
+            w[3] = True
+        if key in _CONTENT_KEYS:
+            w[2] = i
         return dict.get(self, key, default)
 
 

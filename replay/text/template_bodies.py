@@ -26,21 +26,37 @@ class TemplateBodies:
     def __init__(self):
         self.parts: dict[int, Any] = {}   # blob id → parsed value (tools, system, messages)
         self.glue: dict[int, str] = {}    # blob id → text (glue)
+        self.raw: dict[int, tuple[str, str]] = {}  # blob id → (kind, text) read, not parsed yet
         self.skeletons: dict[str, Any] = {}
         self.chars = 0
 
     def _forget(self) -> None:
         self.parts.clear()
+        self.raw.clear()
         self.skeletons.clear()
         self.chars = 0
         render_template.forget_frozen()
 
-    def assemble(self, con, by_blobs: np.ndarray, blobs_col) -> list:
-        """Per row of the chunk: its body (a dict) when stored as parts (``by_blobs``), else None."""
+    def learn(self, bid: int, kind: str, text: str) -> None:
+        """A stored part: glue kept as text, any other part parsed."""
+        if kind == "glue":
+            self.glue[bid] = text
+        else:
+            self.parts[bid] = loads(text)
+            self.chars += len(text)
+
+    def room(self) -> None:
+        """Forget the parsed parts once they hold :data:`MAX_CHARS` of text."""
+        if self.chars > self.MAX_CHARS:
+            self._forget()
+
+    def rows(self, con, by_blobs: np.ndarray, blobs_col) -> "RowBodies":
+        """A chunk's bodies stored as parts (``by_blobs``): the parts not here are
+        read now, parsed when a body needs them."""
         rows = [blobs_col[i].values.to_numpy(zero_copy_only=False).tolist() if by_blobs[i] else None
                 for i in range(len(by_blobs))]
-        parts, glue = self.parts, self.glue
-        wanted = {b for r in rows if r is not None for b in r if b not in parts and b not in glue}
+        parts, glue, raw = self.parts, self.glue, self.raw
+        wanted = {b for r in rows if r is not None for b in r if b not in parts and b not in glue and b not in raw}
         if wanted:
             if self.chars > self.MAX_CHARS:
                 self._forget()
@@ -52,26 +68,43 @@ class TemplateBodies:
                 if kind == "glue":
                     glue[bid] = text
                 else:
-                    parts[bid] = loads(text)
-                    self.chars += len(text)
-        out: list = [None] * len(rows)
-        for i, r in enumerate(rows):
-            if r is None or not all(b in glue or b in parts for b in r):
-                continue  # (a part missing: the request is set aside, no body)
-            skel_text = "".join([glue.get(b, "0") for b in r])
-            skel = self.skeletons.get(skel_text)
-            if skel is None:
-                if len(self.skeletons) >= 10_000:
-                    self.skeletons.clear()
-                skel = self.skeletons[skel_text] = loads(skel_text)
-            values = iter([parts[b] for b in r if b not in glue])
-            body = {}
-            for k, v in skel.items():
-                if k == "system":
-                    body[k] = next(values)
-                elif (k == "tools" or k == "messages") and type(v) is list:
-                    body[k] = [next(values) for _ in v]
-                else:
-                    body[k] = v
-            out[i] = body
-        return out
+                    raw[bid] = (kind, text)
+        return RowBodies(self, rows)
+
+    def body(self, blob_ids: list[int]) -> dict | None:
+        """The body of these parts, or None when one of them is not here (the
+        request is then set aside, or rendered elsewhere)."""
+        parts, glue, raw = self.parts, self.glue, self.raw
+        for b in blob_ids:
+            if b not in glue and b not in parts:
+                if b not in raw:
+                    return None
+                self.learn(b, *raw.pop(b))
+        skel_text = "".join([glue.get(b, "0") for b in blob_ids])
+        skel = self.skeletons.get(skel_text)
+        if skel is None:
+            if len(self.skeletons) >= 10_000:
+                self.skeletons.clear()
+            skel = self.skeletons[skel_text] = loads(skel_text)
+        values = iter([parts[b] for b in blob_ids if b not in glue])
+        body = {}
+        for k, v in skel.items():
+            if k == "system":
+                body[k] = next(values)
+            elif (k == "tools" or k == "messages") and type(v) is list:
+                body[k] = [next(values) for _ in v]
+            else:
+                body[k] = v
+        return body
+
+
+class RowBodies:
+    """A chunk's bodies: ``part_ids[i]``, row ``i``'s part ids (None: not stored
+    as parts); ``[i]`` its body (assembled when asked for), or None."""
+
+    def __init__(self, bodies: TemplateBodies, part_ids: list):
+        self.bodies, self.part_ids = bodies, part_ids
+
+    def __getitem__(self, i: int) -> dict | None:
+        ids = self.part_ids[i]
+        return None if ids is None else self.bodies.body(ids)

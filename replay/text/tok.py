@@ -113,8 +113,9 @@ class Tok:
         self.owns_process = True  # (a copy sharing the process sets False: it must not stop it)
         if not in_process:
             try:
-                self._proc = encoder.EncoderProcess(self.path, self.backend, fast_from_file,
-                                                    add_markers=template is None)
+                self._proc = encoder.EncoderProcess(
+                    self.path, self.backend, fast_from_file, add_markers=template is None,
+                    template=None if template is None else (template.source, template.origin, template.specials))
             except OSError as exc:  # pragma: no cover - no way to start a child here
                 print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
         self._engine: engine.Engine | None = None
@@ -183,6 +184,23 @@ class Tok:
         process nothing is done, and the tokenize stage's rows are the same either way."""
         if parts and self.render == renderers.NEUTRAL:  # (the process renders parts neutrally)
             self._from_process(lambda p: p.warm(parts))
+
+    def warm_requests(self, blobs: list[tuple[int, str, str]], requests: list[tuple]) -> None:
+        """Requests (id, ts_us, format, body part ids) ingest has just written,
+        with the parts (id, kind, text) no earlier one brought: with a chat
+        template, the encoder process renders and encodes them ahead
+        (``replay.text.template_ahead``) for :meth:`take_requests`. A hint
+        only, like :meth:`warm`."""
+        if requests and self.render == renderers.TEMPLATE:
+            self._from_process(lambda p: p.warm_requests(blobs, requests))
+
+    def take_requests(self, request_ids: list[int]) -> tuple[dict, dict]:
+        """The requests among ``request_ids`` rendered ahead (handed over once):
+        id → (ts_us, format, part ids, segment ids, parts), and seg id → tokens
+        of their segments not handed over before; none without the process."""
+        if not request_ids or self.render != renderers.TEMPLATE:
+            return {}, {}
+        return self._from_process(lambda p: p.take_requests(request_ids), ({}, {}))
 
     def add_prepared(self, parts: dict, tokens: dict) -> None:
         """Body parts rendered and encoded elsewhere with the reference tokenizer

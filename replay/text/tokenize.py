@@ -34,8 +34,9 @@ Renderings: the neutral template (the default), DeepSeek's encoding
 (``--render deepseek``, which matches the DeepSeek API's ``prompt_tokens``),
 or a model's own chat template (``--chat-template``,
 ``replay.text.render_template``: the rendered text cut at the tokenizer's added
-tokens, each request rendered at its own time). A tokenizer directory's own
-``chat_template`` is used only when ``--chat-template`` names it.
+tokens, each request rendered at its own time; most requests are rendered
+ahead by the encoder process, ``replay.text.tokenize_ahead``). A tokenizer
+directory's own ``chat_template`` is used only when ``--chat-template`` names it.
 
 Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
 ``output``); ``tokens`` → one segment holding ``tokens`` (``seg_parts = [1]``)
@@ -63,6 +64,7 @@ from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg
 from replay.text import render_template
 from replay.text.render_template import WHOLE_TEXT_ENV
 from replay.text.template_bodies import TemplateBodies
+from replay.text.tokenize_ahead import AheadRows
 from replay.text.renderers import TEMPLATE
 from replay.text.tok import Tok, load_tokenizer
 
@@ -85,6 +87,7 @@ class TokenizeSummary:
     skipped: int = 0       # block traces (no prompt row by design)
     failed: int = 0        # requests that could not be rendered: set aside (table set_aside)
     cleared: bool = False  # old segments/prompts of another tokenizer were dropped
+    rendered_ahead: int = 0  # requests a chat template's encoder process rendered (``replay.text.template_ahead``)
 
     @property
     def unique_tokens_per_s(self) -> float:
@@ -140,6 +143,15 @@ class NewSegments:
                     memo[piece[1]] = sid
             out.append(sid)
         return out
+
+    def has(self, sid: int) -> bool:
+        return sid in self.known or sid in self.new_arrays or sid in self.new_texts
+
+    def add_arrays(self, tokens: dict[int, np.ndarray]) -> None:
+        """Segments encoded elsewhere (seg id → tokens) that are not here yet."""
+        for sid, arr in tokens.items():
+            if not self.has(sid):
+                self.new_arrays[sid] = np.asarray(arr, dtype=np.int32)
 
     def add_tokens(self, tokens: np.ndarray) -> int:
         arr = np.asarray(tokens, dtype=np.int32)
@@ -330,7 +342,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     return TokenizeSummary(
         requests=int(len(pending)), new_prompts=run.prompts, unique_segments=run.segments,
         unique_tokens=run.tokens, logical_tokens=run.logical, seconds=time.perf_counter() - t0,
-        skipped=int(skipped), failed=run.aside, cleared=cleared)
+        skipped=int(skipped), failed=run.aside, cleared=cleared, rendered_ahead=run.ahead)
 
 
 @dataclass
@@ -360,7 +372,7 @@ class _Run:
             render_template.freeze_inputs(True)  # (until close: nothing changes the bodies it renders)
         self.reads = con.cursor()
         self.committer = db.Deferred(depth=1)
-        self.prompts = self.segments = self.tokens = self.logical = self.aside = 0
+        self.prompts = self.segments = self.tokens = self.logical = self.aside = self.ahead = 0
         self.bar = None
         if progress:
             from tqdm import tqdm
@@ -380,10 +392,13 @@ class _Run:
         # requests whose body is stored as parts: assembled together, with arrays
         by_blobs = np.array([blob_valid[i] and bodies[i] is None and fmts[i] != "tokens"
                              for i in range(len(rids))], dtype=bool)
-        parsed = None
+        parsed, ahead = None, None
         if self.tok.render == TEMPLATE and by_blobs.any():
-            # a chat template reads each body whole: assembled from its parsed parts
-            parsed = self.template_bodies.assemble(self.reads, by_blobs, blobs_col)
+            # a chat template reads each body whole: assembled from its parts, parsed
+            # when a body is needed (most may have been rendered ahead)
+            parsed = self.template_bodies.rows(self.reads, by_blobs, blobs_col)
+            ahead = AheadRows(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts, parsed.part_ids,
+                              np.flatnonzero(by_blobs).tolist())
             by_blobs[:] = False
         elif self.tok.render != "neutral" and by_blobs.any():
             # parts are rendered neutrally: another rendering renders each body whole
@@ -395,16 +410,18 @@ class _Run:
         self.blob_cache.load(self.reads, sel_ids, (lo, hi))
         assembled = self.blob_cache.assemble(sel_ids, sel_off) if len(sel) else None
         got = self._render(tbl, by_blobs, {int(i): j for j, i in enumerate(sel)},
-                           rows_with(sel_ids, sel_off, self.blob_cache.failed), parsed)
+                           rows_with(sel_ids, sel_off, self.blob_cache.failed), parsed, ahead)
+        self.ahead += 0 if ahead is None else ahead.taken
         self.committed()
         self._store(got, assembled, rids[sel])
         if self.bar is not None:
             self.bar.update(len(ids))
 
-    def _render(self, tbl, by_blobs, sel_pos: dict, broken: dict, parsed: list | None = None) -> _Rendered:
+    def _render(self, tbl, by_blobs, sel_pos: dict, broken: dict, parsed=None,
+                ahead: AheadRows | None = None) -> _Rendered:
         """Render what the chunk's body parts do not already give: bodies stored
-        whole, outputs, pre-tokenized requests. ``parsed``: bodies already
-        parsed (None where the body is to be read from ``tbl``)."""
+        whole, outputs, pre-tokenized requests. ``parsed[i]``: row ``i``'s body
+        parsed (None: read from ``tbl``); ``ahead``: rows rendered ahead."""
         store, out = self.store, _Rendered()
         template = self.tok.render == TEMPLATE  # (a chat template's pieces: most texts seen before)
         self.cut_unchecked = self.tok.render == TEMPLATE  # one request a chunk: see check_cuts
@@ -423,7 +440,9 @@ class _Run:
                     seg_ids, parts = [store.add_tokens(toks[i])], [1]
                     out_ids = None if out_toks[i] is None else [store.add_tokens(out_toks[i])]
                 else:
-                    if not by_blobs[i]:
+                    if ahead is not None and (done := ahead.get(i)) is not None:
+                        seg_ids, parts = done
+                    elif not by_blobs[i]:
                         body = parsed[i] if parsed is not None else None
                         if body is None:
                             if bodies[i] is None:
@@ -437,6 +456,8 @@ class _Run:
                         parts = [p[2] for p in pieces]
                     if outputs[i] is not None and (o := loads(outputs[i])) is not None:
                         out_ids = [store.add_piece(p) for p in self.tok.render_output(o, fmts[i])]
+            except render_template.TemplateError:
+                raise  # (the template itself: every request would fail, so the stage stops with what to do)
             except Exception as exc:  # noqa: BLE001 - set aside with its reason, never silent
                 out.aside.append((rid, str(exc) if isinstance(exc, Unrenderable) else type(exc).__name__))
                 continue
