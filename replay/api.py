@@ -59,7 +59,7 @@ from replay.readers.parsed import parse_file as _parse_file
 from replay.store import db
 from replay.store.db import DEFAULT_DB  # noqa: F401
 from replay.synth.generator import generate as synth  # noqa: F401
-from replay.text.renderers import RENDERS  # noqa: F401
+from replay.text.renderers import RENDERS, TEMPLATE  # noqa: F401
 from replay.text.tok import load_tokenizer, tokenizer_spec  # noqa: F401
 from replay.text.tokenize import tokenize_stage
 from replay.validate.check import store_result, summary_lines, validate, validation_section  # noqa: F401
@@ -95,7 +95,8 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False,
         return _ingest(con, list(paths) if not isinstance(paths, (str, os.PathLike)) else [paths], format=format,
                        fields=fields, time_unit=time_unit, progress=progress,
                        warm=tokenizer.warm if tokenizer is not None else None, engine=eng, parse=parse,
-                       warm_requests=tokenizer.warm_requests if tokenizer is not None else None,
+                       warm_requests=tokenizer.warm_requests if tokenizer is not None
+                       and tokenizer.render == TEMPLATE else None,
                        prepared=prepared)
 
 
