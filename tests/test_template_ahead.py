@@ -217,3 +217,41 @@ def test_the_syntax_check_agrees_with_transformers(tmp_path):
         else:
             with pytest.raises(render_template.TemplateError, match="does not compile"):
                 render_template.load_template(f)
+
+
+@pytest.mark.parametrize("max_chars", [6_000, 64_000_000])
+def test_parts_of_conversations_going_on_stay_through_the_generations(tmp_path, inline, monkeypatch, max_chars):
+    """With little room for parsed parts (generations of 6,000 characters,
+    turned over a few times), the encoder process still assembles every
+    request's body: a part a body uses moves back to the young generation
+    (forgetting them all at once, it assembled 15 of the 36). The stage
+    re-reads what it lacks; the rows are the same."""
+    from replay.readers import writer
+    from replay.text.template_bodies import TemplateBodies
+
+    monkeypatch.setattr(TemplateBodies, "MAX_CHARS", max_chars)
+    monkeypatch.setattr(writer, "AHEAD_REQUESTS", 1)  # (one request a frame: room is made before each)
+    log = tmp_path / "log.jsonl"
+    records = conversations_log((10, 11), "anthropic", log, n_conv=3, turns=6)
+    want = _baseline(tmp_path, log, DATED)
+    tok = load_tokenizer(template=DATED)
+    pool = InProcess(tok)
+    con = rp.open_db(tmp_path / "ahead.duckdb")
+    rp.ingest(con, [str(log)], tokenizer=tok)
+    rotations = []
+    room = TemplateBodies.room
+
+    def counted(self):
+        before = self.old
+        room(self)
+        rotations.append(self.old is not before)
+
+    monkeypatch.setattr(TemplateBodies, "room", counted)
+    pool.render()
+    assert pool.ahead.stats["rendered"] == len(records)
+    assert (sum(rotations) >= 2) == (max_chars < 10_000)
+    taken = tokenize_stage(con, tok, chunk_requests=CHUNK).rendered_ahead
+    assert _rows(con) == want
+    assert taken == len(records) - (len(records) + CHUNK - 1) // CHUNK
+    con.close()
+    tok.close()

@@ -64,3 +64,22 @@ def test_frozen_rendering_equals_fresh_rendering_and_changes_nothing(name, fmt):
     assert frozen == fresh
     assert bodies == before  # the shared inputs are untouched
     assert not render_template._MAPPED  # (forgotten with the freeze)
+
+
+def test_namespace_writes_are_those_of_transformers():
+    """The fast environment's namespace (one call a ``set ns.x``) stores what
+    transformers' stores, and refuses an underscore name as it does."""
+    import jinja2
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    source = ("{% set ns = namespace(n=0, s='') %}{% for m in messages %}{% set ns.n = ns.n + 1 %}"
+              "{% set ns.s = ns.s + m.content %}{% endfor %}{{ ns.n }}:{{ ns.s }}")
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    tpl = ChatTemplate(source, "t", {})
+    got = "".join(c for c, _ in render_template.render_messages(tpl, messages, None, 0))
+    assert got == render_jinja_template([messages], chat_template=source)[0][0] == "2:ab"
+    bad = ChatTemplate("{% set ns = namespace(a=1) %}{% set ns._x = 2 %}{{ ns.a }}", "t", {})
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        render_template.render_messages(bad, messages, None, 0)
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        render_jinja_template([messages], chat_template=bad.source)

@@ -360,9 +360,7 @@ class _Tracked(dict):
     (indices; ``render_chunks`` opens a new window at each written chunk)."""
     __slots__ = ("_index", "_w")
 
-    # (the note is written out in both readers: a template reads a message's fields
-    # hundreds of times a request, and a call more each time shows)
-    def __getitem__(self, key):
+    def _note(self, key) -> None:
         w, i = self._w, self._index
         w[0] = i
         if w[1] is None:
@@ -371,17 +369,13 @@ class _Tracked(dict):
             w[3] = True
         if key in _CONTENT_KEYS:
             w[2] = i
+
+    def __getitem__(self, key):
+        self._note(key)
         return dict.__getitem__(self, key)
 
     def get(self, key, default=None):
-        w, i = self._w, self._index
-        w[0] = i
-        if w[1] is None:
-            w[1] = i
-        elif w[1] != i:
-            w[3] = True
-        if key in _CONTENT_KEYS:
-            w[2] = i
+        self._note(key)
         return dict.get(self, key, default)
 
 

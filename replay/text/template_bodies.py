@@ -9,7 +9,6 @@ import numpy as np
 import pyarrow as pa
 
 from replay.store.jsontext import loads
-from replay.text import render_template
 
 
 class TemplateBodies:
@@ -19,48 +18,59 @@ class TemplateBodies:
     template's per-object work (``tojson``) is then remembered
     (``render_template.freeze_inputs``: nothing changes these objects). The
     text between parts (glue: the keys, and every other top-level value) is
-    parsed with ``0`` in the parts' places, once per distinct skeleton."""
+    parsed with ``0`` in the parts' places, once per distinct skeleton.
 
-    MAX_CHARS = 64_000_000  # text of the parts held parsed (then all are forgotten)
+    Parsed parts are held in two generations of at most :data:`MAX_CHARS` of
+    text each: once the young one is full it becomes the old one, and a part
+    the old one holds moves back when a body uses it — so the parts of the
+    conversations going on stay (an agent resends its earlier messages every
+    turn), which the encoder process, with no database to read them from
+    again, depends on."""
+
+    MAX_CHARS = 64_000_000  # text of the parts held parsed in one generation
 
     def __init__(self):
-        self.parts: dict[int, Any] = {}   # blob id → parsed value (tools, system, messages)
+        self.parts: dict[int, tuple[Any, int]] = {}  # blob id → (parsed value, its text's length): young
+        self.old: dict[int, tuple[Any, int]] = {}
         self.glue: dict[int, str] = {}    # blob id → text (glue)
         self.raw: dict[int, tuple[str, str]] = {}  # blob id → (kind, text) read, not parsed yet
         self.skeletons: dict[str, Any] = {}
         self.chars = 0
-
-    def _forget(self) -> None:
-        self.parts.clear()
-        self.raw.clear()
-        self.skeletons.clear()
-        self.chars = 0
-        render_template.forget_frozen()
 
     def learn(self, bid: int, kind: str, text: str) -> None:
         """A stored part: glue kept as text, any other part parsed."""
         if kind == "glue":
             self.glue[bid] = text
         else:
-            self.parts[bid] = loads(text)
+            self.parts[bid] = (loads(text), len(text))
             self.chars += len(text)
 
     def room(self) -> None:
-        """Forget the parsed parts once they hold :data:`MAX_CHARS` of text."""
+        """Once the young generation holds :data:`MAX_CHARS` of text, it becomes the old one."""
         if self.chars > self.MAX_CHARS:
-            self._forget()
+            self.old, self.parts, self.chars = self.parts, {}, 0
+            self.skeletons.clear()
+
+    def _has(self, bid: int) -> bool:
+        """Is the part here (moved back to the young generation if the old one had it)?"""
+        if bid in self.parts or bid in self.glue:
+            return True
+        got = self.old.pop(bid, None)
+        if got is None:
+            return False
+        self.parts[bid] = got
+        self.chars += got[1]
+        return True
 
     def rows(self, con, by_blobs: np.ndarray, blobs_col) -> "RowBodies":
         """A chunk's bodies stored as parts (``by_blobs``): the parts not here are
         read now, parsed when a body needs them."""
         rows = [blobs_col[i].values.to_numpy(zero_copy_only=False).tolist() if by_blobs[i] else None
                 for i in range(len(by_blobs))]
-        parts, glue, raw = self.parts, self.glue, self.raw
-        wanted = {b for r in rows if r is not None for b in r if b not in parts and b not in glue and b not in raw}
+        self.room()
+        glue, raw = self.glue, self.raw
+        wanted = {b for r in rows if r is not None for b in r if b not in raw and not self._has(b)}
         if wanted:
-            if self.chars > self.MAX_CHARS:
-                self._forget()
-                wanted = {b for r in rows if r is not None for b in r if b not in glue}
             _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
                 np.fromiter(wanted, dtype=np.uint64, count=len(wanted)), pa.uint64())})
             for bid, kind, text in con.execute("SELECT b.blob_id, b.kind, b.text FROM blobs b "
@@ -76,7 +86,7 @@ class TemplateBodies:
         request is then set aside, or rendered elsewhere)."""
         parts, glue, raw = self.parts, self.glue, self.raw
         for b in blob_ids:
-            if b not in glue and b not in parts:
+            if not self._has(b):
                 if b not in raw:
                     return None
                 self.learn(b, *raw.pop(b))
@@ -86,7 +96,7 @@ class TemplateBodies:
             if len(self.skeletons) >= 10_000:
                 self.skeletons.clear()
             skel = self.skeletons[skel_text] = loads(skel_text)
-        values = iter([parts[b] for b in blob_ids if b not in glue])
+        values = iter([parts[b][0] for b in blob_ids if b not in glue])
         body = {}
         for k, v in skel.items():
             if k == "system":
