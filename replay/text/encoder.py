@@ -141,15 +141,15 @@ class EncoderProcess:
     def warm_requests(self, blobs: list[tuple[int, str, str]], requests: list[tuple]) -> None:
         """Hand over requests (id, ts_us, format, part ids) to render ahead with
         the template, with the parts (id, kind, text) no earlier request brought;
-        no reply (``replay.text.template_ahead``). Sent a few requests a frame;
-        past ``WARM_SEND_CHARS`` of parts in all, nothing more is sent."""
+        no reply (``replay.text.template_ahead``). One frame (ingest's writer
+        hands over a few dozen requests at a time); past ``WARM_SEND_CHARS`` of
+        parts in all, nothing more is sent."""
         size = sum(len(t) for _, _, t in blobs)
         if self._ahead_sent + size > WARM_SEND_CHARS:
             return
         self._ahead_sent += size
         with self._lock:
-            for k in range(0, max(len(requests), 1), template_ahead.FRAME_REQUESTS):
-                self._send(("ahead", blobs if k == 0 else [], requests[k:k + template_ahead.FRAME_REQUESTS]))
+            self._send(("ahead", blobs, requests))
 
     def take_requests(self, request_ids: list[int]) -> tuple[dict[int, tuple], dict]:
         """The requests among ``request_ids`` rendered ahead: id → (ts_us, format,

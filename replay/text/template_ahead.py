@@ -33,8 +33,6 @@ from replay.text.template_bodies import TemplateBodies
 
 #: segment ids of rendered requests held at a time, waiting for the stage (then requests are skipped)
 HELD_SEG_IDS = 16_000_000
-#: requests handed over in one frame
-FRAME_REQUESTS = 64
 #: requests whose new texts are encoded together (the engine checks a sample of each call, at least one text)
 ENCODE_REQUESTS = 16
 #: texts whose content id is remembered (then all are forgotten)
