@@ -255,3 +255,38 @@ def test_parts_of_conversations_going_on_stay_through_the_generations(tmp_path, 
     assert taken == len(records) - (len(records) + CHUNK - 1) // CHUNK
     con.close()
     tok.close()
+
+
+def test_the_writer_hands_over_every_part_a_request_needs_even_after_a_discard():
+    """Each request handed over comes with (or after) every part its body needs,
+    also after a file's rows were discarded (rolled back) midway."""
+    from replay.readers import writer
+    from replay.readers.blobs import Blobs
+    from replay.store import db
+
+    con, deferred = db.connect(None), db.Deferred()
+    handed = []
+    w = writer.Writer(con, deferred, blobs=Blobs(set()), ahead=lambda b, r: handed.append((b, r)))
+
+    def request(rid, text):
+        w.request({"request_id": rid, "source_id": 1, "line_no": rid, "format": "openai"},
+                  {"ts_us": rid, "tenant": "t", "body_obj": {"messages": [{"role": "user", "content": text},
+                                                           {"role": "assistant", "content": text + "!"}]}})
+
+    n = writer.AHEAD_REQUESTS + 6
+    for rid in range(1, n):  # (one hand-over, then some left pending)
+        request(rid, f"first {rid}")
+    assert len(handed) == 1
+    w.discard(whole_file=True)
+    for rid in range(1, 2 * n):  # (the ids again, other bodies)
+        request(rid, f"second {rid % 9}")
+    w.flush()
+    deferred.wait()
+    seen = set()
+    for blobs, requests in handed:
+        seen.update(b for b, _, _ in blobs)
+        for rid, ts_us, fmt, bids in requests:
+            assert ts_us == rid and fmt == "openai" and set(bids) <= seen, rid
+    assert sum(len(r) for _, r in handed) == writer.AHEAD_REQUESTS + 2 * n - 1
+    deferred.close()
+    con.close()
