@@ -290,3 +290,20 @@ def test_the_writer_hands_over_every_part_a_request_needs_even_after_a_discard()
     assert sum(len(r) for _, r in handed) == writer.AHEAD_REQUESTS + 2 * n - 1
     deferred.close()
     con.close()
+
+
+def test_only_a_template_hands_requests_over(tmp_path, inline, monkeypatch):
+    """The neutral path renders parts, not requests: its ingest builds no hand-over."""
+    from replay.text.tok import Tok
+
+    log = tmp_path / "log.jsonl"
+    conversations_log((12,), "openai", log, n_conv=2, turns=2)
+    calls = []
+    monkeypatch.setattr(Tok, "warm_requests", lambda self, blobs, requests: calls.append(self.render))
+    for template in (None, DATED):
+        tok = load_tokenizer(template=template)
+        con = rp.open_db(tmp_path / f"{template is None}.duckdb")
+        rp.ingest(con, [str(log)], tokenizer=tok)
+        con.close()
+        tok.close()
+    assert calls == ["template"]
