@@ -199,6 +199,8 @@ def test_a_template_that_fails_to_compile_stops_the_stage(tmp_path, inline, monk
 def test_the_syntax_check_agrees_with_transformers(tmp_path):
     """load_template refuses what transformers' environment cannot compile and
     takes what it can (its generation block, loop controls), without importing it."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
     ok = ["{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}",
           "{% for m in messages %}{% if loop.index > 2 %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
           DATED.read_text(), STRIPS.read_text()]
@@ -207,9 +209,9 @@ def test_the_syntax_check_agrees_with_transformers(tmp_path):
         f = tmp_path / f"t{k}.jinja"
         f.write_text(source)
         try:
-            render_template.compiled(source)
+            _compile_jinja_template(source)
             compiles = True
-        except render_template.TemplateError:
+        except Exception:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
             compiles = False
         assert compiles == (source in ok)
         if compiles:

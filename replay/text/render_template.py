@@ -3,7 +3,7 @@
 ``PATH`` is a Jinja file, or a local model directory (its
 ``chat_template.jinja``, else the ``chat_template`` of its
 ``tokenizer_config.json``). The template is compiled in ``transformers``'
-sandboxed environment (the one ``apply_chat_template`` uses) and rendered with
+sandboxed environment (the one ``apply_chat_template`` uses: ``template_env``) and rendered with
 what ``apply_chat_template(..., tools=tools, add_generation_prompt=True)``
 passes: ``messages`` (``replay.text.template_messages`` maps each format to
 that shape, null keys dropped, reasoning aliased as transformers does),
@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -76,6 +75,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from replay.text import template_env
 from replay.text.render import Piece, render_output
 from replay.text.template_messages import template_messages
 from replay.text.splitter import WHOLE_TEXT_ENV, Splitter  # noqa: F401 - WHOLE_TEXT_ENV: named here too
@@ -187,63 +187,24 @@ def specials_for_tokenizer(tokenizer_json: str | Path) -> dict:
     return (_special_tokens(config) if config.is_file() else None) or {}
 
 
-_COMPILED: dict[str, Any] = {}
-
-
 def check_syntax(source: str) -> None:
-    """Raise :class:`TemplateError` when ``source`` does not compile in an
-    environment like transformers' (sandboxed, ``trim_blocks``/``lstrip_blocks``,
-    loop controls and its ``{% generation %}`` block), without importing
-    transformers: that import takes a second, on the critical path of a run
-    whose template may be rendered mostly in the encoder process
-    (``replay.text.template_ahead``). :func:`compiled` compiles it in
-    transformers' own environment when it is first rendered here."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(jinja2.ext.Extension):
-        tags = {"generation"}  # (parsed as transformers' AssistantTracker parses it)
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
-
-        def _body(self, caller):  # pragma: no cover - never rendered
-            return caller()
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[Generation, jinja2.ext.loopcontrols])
+    """Raise :class:`TemplateError` when ``source`` does not compile in
+    transformers' environment (``template_env``'s copy of it: whatever the
+    installed transformers, its syntax is that one's)."""
     try:
-        env.from_string(source)
+        template_env.copied_environment().from_string(source)
+    except ImportError as exc:  # (too old a jinja2)
+        raise TemplateError(f"--chat-template: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
         raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
 
 
-def _chat_template_utils():
-    """transformers' chat-template module (its advice that PyTorch is absent is
-    not for our users: only the template code is used)."""
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from transformers.utils import chat_template_utils
-
-    return chat_template_utils
-
-
-def compiled(source: str):
-    """The template compiled in transformers' environment (cached per source)."""
-    got = _COMPILED.get(source)
-    if got is None:
-        try:
-            utils = _chat_template_utils()
-        except ImportError as exc:  # pragma: no cover - transformers is a dependency
-            raise TemplateError(f"--chat-template needs transformers ({exc})") from None
-        try:
-            got = utils._compile_jinja_template(source)
-        except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
-            raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
-        _COMPILED[source] = got
-    return got
+def _transformers_environment():
+    """transformers' chat-template environment (``template_env``)."""
+    try:
+        return template_env.environment()
+    except ImportError as exc:  # pragma: no cover - transformers is a dependency
+        raise TemplateError(f"--chat-template needs transformers ({exc})") from None
 
 
 _FAST: dict[str, Any] = {}
@@ -274,8 +235,7 @@ def forget_frozen() -> None:
 
 
 def _fast_compiled(source: str):
-    """The template compiled as :func:`compiled` does, in a copy of transformers'
-    environment whose attribute lookup takes a shortcut for plain dicts, the
+    """The template compiled in a copy of transformers' environment whose attribute lookup takes a shortcut for plain dicts, the
     tracked messages and namespaces (the sandbox's own rules give the same
     value for them: no callable, no underscore name is ever returned by the
     shortcut) and whose ``tojson`` remembers its result per unchanged object
@@ -283,7 +243,7 @@ def _fast_compiled(source: str):
     got = _FAST.get(source)
     if got is not None:
         return got
-    base = compiled(source).environment
+    base = _transformers_environment()
     env = base.overlay()
     env.filters = dict(base.filters)
     env.globals = dict(base.globals)
@@ -339,7 +299,10 @@ def _fast_compiled(source: str):
         return out
 
     env.filters["tojson"] = tojson_
-    got = _FAST[source] = env.from_string(source)
+    try:
+        got = _FAST[source] = env.from_string(source)
+    except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
+        raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
     return got
 
 
@@ -379,11 +342,6 @@ class _Tracked(dict):
         return dict.get(self, key, default)
 
 
-def _alias_reasoning(messages: list[dict]) -> list[dict]:
-    alias = getattr(_chat_template_utils(), "_alias_reasoning_fields", None)
-    return messages if alias is None else alias(messages)  # (older transformers: no aliasing)
-
-
 def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | None
                   ) -> tuple[list[tuple[str, int]], list[int]]:
     """The rendered text as ``(chunk, message index)`` in order (index ``-1``:
@@ -398,7 +356,7 @@ def render_messages(tpl: ChatTemplate, messages: list[dict], tools: list | None,
     """:func:`render_chunks` of messages already in the template's shape."""
     w = [None, None, None, False]  # the reads since the last chunk written (``_Tracked``)
     tracked = []
-    for j, m in enumerate(_alias_reasoning(messages)):
+    for j, m in enumerate(template_env.alias_reasoning(messages)):
         t = _Tracked(m)
         t._index, t._w = j, w
         tracked.append(t)
@@ -453,6 +411,11 @@ class TemplateRenderer:
 
     def __init__(self, tpl: ChatTemplate, splitter: Splitter):
         self.template, self.splitter = tpl, splitter
+
+    def compile(self) -> "TemplateRenderer":
+        """Compile the template now (it is otherwise compiled at the first render)."""
+        _fast_compiled(self.template.source)
+        return self
 
     def render_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
         return pieces_of(self.splitter, *render_chunks(self.template, body, fmt, ts_us))
