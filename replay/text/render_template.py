@@ -3,8 +3,9 @@
 ``PATH`` is a Jinja file, or a local model directory (its
 ``chat_template.jinja``, else the ``chat_template`` of its
 ``tokenizer_config.json``). The template is compiled in ``transformers``'
-sandboxed environment (the one ``apply_chat_template`` uses: ``template_env``) and rendered with
-what ``apply_chat_template(..., tools=tools, add_generation_prompt=True)``
+sandboxed environment (the one ``apply_chat_template`` uses:
+``replay.text.template_env``) and rendered with what
+``apply_chat_template(..., tools=tools, add_generation_prompt=True)``
 passes: ``messages`` (``replay.text.template_messages`` maps each format to
 that shape, null keys dropped, reasoning aliased as transformers does),
 ``tools``, ``add_generation_prompt=True`` and the special tokens
@@ -235,11 +236,12 @@ def forget_frozen() -> None:
 
 
 def _fast_compiled(source: str):
-    """The template compiled in a copy of transformers' environment whose attribute lookup takes a shortcut for plain dicts, the
-    tracked messages and namespaces (the sandbox's own rules give the same
-    value for them: no callable, no underscore name is ever returned by the
-    shortcut) and whose ``tojson`` remembers its result per unchanged object
-    (``freeze_inputs``); the rendered text is the same."""
+    """The template compiled in a copy of transformers' environment whose
+    attribute lookup takes a shortcut for plain dicts, the tracked messages
+    and namespaces (the sandbox's own rules give the same value for them: no
+    callable, no underscore name is ever returned by the shortcut) and whose
+    ``tojson`` remembers its result per unchanged object (``freeze_inputs``);
+    the rendered text is the same."""
     got = _FAST.get(source)
     if got is not None:
         return got
@@ -411,11 +413,6 @@ class TemplateRenderer:
 
     def __init__(self, tpl: ChatTemplate, splitter: Splitter):
         self.template, self.splitter = tpl, splitter
-
-    def compile(self) -> "TemplateRenderer":
-        """Compile the template now (it is otherwise compiled at the first render)."""
-        _fast_compiled(self.template.source)
-        return self
 
     def render_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
         return pieces_of(self.splitter, *render_chunks(self.template, body, fmt, ts_us))

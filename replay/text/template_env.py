@@ -125,9 +125,11 @@ def _alias_reasoning_fields(chat):
     return aliased_chat
 
 
+@functools.lru_cache(maxsize=1)
 def copied_environment():
     """``_cached_compile_jinja_template``'s environment (its version check of
-    jinja2 ≥ 3.1.6 included)."""
+    jinja2 ≥ 3.1.6 included): one per process, shared by the syntax check at
+    load and every template compiled (nothing compiled changes it)."""
     import jinja2
     import jinja2.ext
     import jinja2.nodes
