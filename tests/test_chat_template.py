@@ -535,7 +535,7 @@ def test_line_chunks_without_carriage_returns_are_those_of_the_general_rule(monk
     looks for line feeds only: the same cuts as the general one."""
     import random
 
-    from replay.text import splitter
+    from replay.text import line_cuts
 
     rng = random.Random(3)
     words = ["word", " ", "\t", "\n", "\n  ", "\n\n", "{", "}", "é", "\u00a0", "\r\n"]
@@ -543,8 +543,8 @@ def test_line_chunks_without_carriage_returns_are_those_of_the_general_rule(monk
              for k in range(40)]
     assert any("\r" in t for t in texts) and any("\r" not in t for t in texts)
     cuts = []
-    for lf_pattern in (splitter._LINE_CUT_LF, splitter._LINE_CUT):
-        monkeypatch.setattr(splitter, "_LINE_CUT_LF", lf_pattern)
+    for lf_pattern in (line_cuts._LINE_CUT_LF, line_cuts._LINE_CUT):
+        monkeypatch.setattr(line_cuts, "_LINE_CUT_LF", lf_pattern)
         sp = Splitter([_added("<c>")], None, None)
         sp.lines = True  # (the line argument's pre-tokenizer is assumed: these are cuts, not tokens)
         cuts.append([sp.split(t) for t in texts])

@@ -39,16 +39,16 @@ def test_a_cut_inside_a_word_stops_the_stage(tmp_path, monkeypatch):
     tpl = tmp_path / "t.jinja"
     tpl.write_text(TEMPLATE)
     _log(tmp_path / "log.jsonl")
-    real = render_template.Splitter.split
+    real = render_template.Splitter.pieces
 
-    def bad_split(self, text):  # also cut every piece in the middle: a merge now crosses a cut
+    def bad_pieces(self, text, start=0, clean=None):  # also cut every piece in the middle: a merge now crosses a cut
         out = []
-        for s, e in real(self, text):
-            mid = (s + e) // 2
-            out.extend([(s, mid), (mid, e)] if e - s > 4 else [(s, e)])
+        for s, piece in real(self, text, start):
+            mid = len(piece) // 2
+            out.extend([(s, piece[:mid]), (s + mid, piece[mid:])] if len(piece) > 4 else [(s, piece)])
         return out
 
-    monkeypatch.setattr(render_template.Splitter, "split", bad_split)
+    monkeypatch.setattr(render_template.Splitter, "pieces", bad_pieces)
     con = api.open_db(str(tmp_path / "db.duckdb"))
     api.ingest(con, [str(tmp_path / "log.jsonl")])
     with pytest.raises(RuntimeError, match="REPLAY_TEMPLATE_WHOLE_TEXT"):

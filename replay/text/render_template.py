@@ -70,11 +70,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from replay.text import template_env
 from replay.text.render import Piece, render_output
@@ -401,11 +402,12 @@ def pieces_of(splitter: Splitter, chunks: list[tuple[str, int]], origin: list[in
             parts.append(part)
             last = part
         pos += len(c)
-    spans = splitter.split(text)
+    at, pieces = splitter.memo.pieces(text, starts[1:])
     if len(parts) <= 1:
         part = parts[0] if parts else 0
-        return [("text", text[s:e], part) for s, e in spans]
-    return [("text", text[s:e], parts[bisect_right(starts, s) - 1]) for s, e in spans]
+        return [("text", piece, part) for piece in pieces]
+    of = np.asarray(parts)[np.searchsorted(np.asarray(starts), np.asarray(at), "right") - 1].tolist()
+    return [("text", piece, part) for piece, part in zip(pieces, of)]
 
 
 class TemplateRenderer:

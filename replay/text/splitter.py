@@ -11,24 +11,15 @@ from __future__ import annotations
 import functools
 import os
 import re
-import zlib
 from pathlib import Path
 from typing import Any
 
+from replay.text.line_cuts import LineCuts
+from replay.text.piece_memo import PieceMemo
 from replay.text.tokenizer_json import _known
 
 #: a text between added tokens this long or longer is also cut into line chunks
 LINE_CHUNK_FROM = 2_048
-#: a line chunk is cut once this long whatever its content
-LINE_CHUNK_MAX = 16_384
-# After a line break, spaces/tabs, then a character that is not whitespace in any
-# definition: the known pre-tokenizer never joins text across it (``replay.text.render_template``'s docstring)
-_LINE_CUT = re.compile(r"[\r\n](?=[ \t]*[!-~\w])")
-# the same for a text without a carriage return: a literal first character is
-# searched for many times faster than a class of two
-_LINE_CUT_LF = re.compile(r"\n(?=[ \t]*[!-~\w])")
-#: long texts whose line cuts a Splitter remembers (then it forgets them all)
-_LINE_CACHE_MAX = 20_000
 #: set to 1: never cut the rendered text (each request's whole text is one segment)
 WHOLE_TEXT_ENV = "REPLAY_TEMPLATE_WHOLE_TEXT"
 
@@ -53,7 +44,12 @@ class Splitter:
                        for rx in (group if isinstance(group, list) else [group])]
         # the pre-tokenizer the line argument holds for (``replay.text.render_template``'s docstring)
         self.lines = _known(pre_tokenizer, normalizer, [a.get("content") or "" for a in added])
-        self._line_cuts: dict = {}  # a long text between added tokens → its cuts
+        self._lines = LineCuts()
+        self.memo = PieceMemo(self)
+        contents = {a["content"] for a in added if a.get("content")}
+        #: the longest added token (a match decided at a position reads at most this far)
+        self.longest = max(map(len, contents), default=0)
+        self._firsts = {c[0] for c in contents}
 
     @classmethod
     def of_file(cls, tokenizer_json: str | Path) -> "Splitter":
@@ -63,28 +59,67 @@ class Splitter:
 
     def split(self, text: str) -> list[tuple[int, int]]:
         """``(start, end)`` of the pieces of ``text`` (none empty), in order."""
+        return [(s, s + len(piece)) for s, piece in self.pieces(text)]
+
+    def pieces(self, text: str, start: int = 0, clean: list[int] | None = None) -> list[tuple[int, str]]:
+        """``(start, piece)`` of the pieces of ``text`` (none empty), in order (a
+        long piece seen before may be the very string it was then: its hash is
+        computed once). ``start``: only the pieces from there, where the scan
+        starts afresh — 0, the start of a token the first pass matches
+        (:meth:`starts_afresh`) or the end of one. ``clean``: given, the
+        indices of the pieces that are tokens are appended (after each, the
+        scan starts afresh)."""
         if self.whole or (self._re is None and self._re_normalized is None):
-            return [(0, len(text))] if text else []
-        matches = self._matches(text)
-        out: list[tuple[int, int]] = []
-        pos = 0
-        between = self._between if self.lines else _one
+            return [(start, text[start:])] if len(text) > start else []
+        matches = self._matches(text, start)
+        out: list[tuple[int, str]] = []
+        pos = start
+        between = self._lines.cut if self.lines else _one
         cut_at, append = self.cut_at, out.append
         for s, e in matches:
-            if text[s:e] not in cut_at:
+            piece = text[s:e]
+            if piece not in cut_at:
                 continue
             if s > pos:
                 if s - pos < LINE_CHUNK_FROM:  # (short: never cut into lines)
-                    append((pos, s))
+                    append((pos, text[pos:s]))
                 else:
                     between(text, pos, s, out)
-            append((s, e))
+            append((s, piece))
             pos = e
+            if clean is not None:
+                clean.append(len(out) - 1)
         if pos < len(text):
-            between(text, pos, len(text), out)
+            if len(text) - pos < LINE_CHUNK_FROM:
+                append((pos, text[pos:]))
+            else:
+                between(text, pos, len(text), out)
         return out
 
-    def _matches(self, text: str) -> list[tuple[int, int]]:
+    def starts_afresh(self, text: str, at: int) -> bool:
+        """Does a token cut at start at ``at`` in ``text``, whatever comes before
+        (no token that could start before ``at`` reaches past it, and no token
+        of the first pass starts inside a normalized one there)? Then the
+        pieces of ``text`` are those of ``text[:at]``, then ``pieces(text, at)``."""
+        if self.whole or not 0 < at < len(text):
+            return False
+        m = _anchored(self._re, text, at)
+        if m is None:
+            m = _anchored(self._re_normalized, text, at)
+            if m is None or _starts_within(self._re, text, at + 1, m.end(), self.longest):
+                return False
+        if text[at:m.end()] not in self.cut_at:
+            return False
+        firsts = self._firsts
+        for q in range(max(0, at - self.longest + 1), at):
+            if text[q] in firsts:
+                for group in (self._re, self._re_normalized):
+                    m = _anchored(group, text, q)
+                    if m is not None and m.end() > at:
+                        return False
+        return True
+
+    def _matches(self, text: str, start: int = 0) -> list[tuple[int, int]]:
         """The added tokens' matches in ``text`` as ``tokenizers`` finds them:
         the tokens that are not ``normalized`` first (leftmost longest), then the
         normalized ones in the text left between those.
@@ -94,50 +129,45 @@ class Splitter:
         match for another's sake, so together they are exactly the answer (the
         scan of a stretch between matches meets no match crossing its ends).
         Otherwise the scans are made in order, as described."""
-        spans = [m.span() for rx in self._tries for m in rx.finditer(text)]
+        spans = [m.span() for rx in self._tries for m in rx.finditer(text, start)]
         spans.sort()
         if all(b[0] >= a[1] for a, b in zip(spans, spans[1:])):
             return spans
         n = len(text)
         matches: list[tuple[int, int]] = []
-        pos = 0
-        for s, e in [*_spans(self._re, text, 0, n), (n, n)]:
+        pos = start
+        for s, e in [*_spans(self._re, text, start, n), (n, n)]:
             matches.extend(_spans(self._re_normalized, text, pos, s))
             if s < e:
                 matches.append((s, e))
             pos = e
         return matches
 
-    def _between(self, text: str, start: int, end: int, out: list) -> None:
-        """The text between two added tokens, in line chunks (``replay.text.render_template``'s docstring);
-        a text seen before is cut where it was (remembered by its content)."""
-        if end - start < LINE_CHUNK_FROM:
-            out.append((start, end))
-            return
-        base = max(0, start - 24)  # (a cut reads the 24 characters before it, maybe before ``start``)
-        span = text[base:end]
-        key = span if base else (start, span)
-        cuts = self._line_cuts.get(key)
-        if cuts is None:
-            cuts = []
-            at = start - base
-            for m in (_LINE_CUT if "\r" in span else _LINE_CUT_LF).finditer(span, at):
-                p = m.end()
-                if p - at >= LINE_CHUNK_MAX or zlib.crc32(span[p - 24:p].encode("utf-8", "surrogatepass")) & 7 == 0:
-                    cuts.append(p)
-                    at = p
-            cuts.append(len(span))
-            if len(self._line_cuts) >= _LINE_CACHE_MAX:
-                self._line_cuts.clear()
-            self._line_cuts[key] = cuts
-        at = start
-        for p in cuts:
-            out.append((at, base + p))
-            at = base + p
+
+def _anchored(rx, text: str, q: int):
+    """The longest match of ``rx`` (``_alternation``) starting at ``q``, or None."""
+    if rx is None:
+        return None
+    if not isinstance(rx, list):
+        return rx.match(text, q)
+    for r in rx:  # (at most one of them matches: each is for its own first character)
+        m = r.match(text, q)
+        if m is not None:
+            return m
+    return None
+
+
+def _starts_within(rx, text: str, lo: int, hi: int, longest: int) -> bool:
+    """Does a match of ``rx`` start in ``text[lo:hi]``?"""
+    for r in ([] if rx is None else rx if isinstance(rx, list) else [rx]):
+        m = r.search(text, lo, hi + longest)
+        if m is not None and m.start() < hi:
+            return True
+    return False
 
 
 def _one(text: str, start: int, end: int, out: list) -> None:
-    out.append((start, end))
+    out.append((start, text[start:end]))
 
 
 def _alternation(contents: set[str]):
