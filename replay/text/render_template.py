@@ -80,6 +80,7 @@ import numpy as np
 from replay.text import template_env
 from replay.text.render import Piece, render_output
 from replay.text.template_messages import template_messages
+from replay.text.template_concat import ConcatGenerator, concat_all
 from replay.text.splitter import WHOLE_TEXT_ENV, Splitter  # noqa: F401 - WHOLE_TEXT_ENV: named here too
 
 #: bumped whenever the mapping of bodies or the rendering changes what a template sees
@@ -302,6 +303,8 @@ def _fast_compiled(source: str):
         return out
 
     env.filters["tojson"] = tojson_
+    env.code_generator_class = ConcatGenerator  # (chains of ``+`` joined at once: ``template_concat``)
+    env.concat_all = concat_all
     try:
         got = _FAST[source] = env.from_string(source)
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
