@@ -184,3 +184,30 @@ def test_starts_afresh_only_where_the_scan_would_start_afresh():
         at = r.randint(1, len(text) - 1) if len(text) > 1 else 1
         if sp.starts_afresh(text, at):
             assert sp.pieces(text[:at]) + sp.pieces(text, at) == sp.pieces(text), (text, at)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_heads_ending_alike_equal_heads_cut_afresh(seed, monkeypatch):
+    """Heads that end alike (with tokens in their common end, or parts of
+    tokens everywhere), with tokens or parts of tokens where they begin to
+    agree: looking for tokens only where they differ gives the pieces of
+    cutting each afresh."""
+    r = random.Random(seed)
+    sp = _splitter()
+    memo = PieceMemo(sp)
+    limited = []
+    real = sp.matches
+    monkeypatch.setattr(sp, "matches", lambda text, start, end: limited.append(end < len(text)) or real(text, start, end))
+    rare = ["a", "b", " ", "\n", "word", "\t", "c", "<", "|", "｜"]  # (no token forms of these alone)
+    # (each tail begins with the end of a token, each head's own part may end with its beginning)
+    tails = [r.choice(["a>", "><b>", "|", "p|q", "｜A｜>x", "b>c", "z", ""])
+             + "".join(r.choice(rare if k < 2 or r.random() < 0.99 else _BITS) for _ in range(r.randint(800, 3000)))
+             + r.choice(["", "<x>\nuse <｜A｜>then|p|\n", "zz"]) for k in range(5)]
+    for step in range(200):
+        tail = r.choice(tails)
+        own = "".join(r.choice(_BITS + rare) for _ in range(r.randint(0, 12)))
+        head = "<x>" + own + r.choice(["", "<", "|", "<｜", "<a", "<a><", "x", "q", "z", "<｜A"]) + tail
+        text = head + "<｜U｜>" + "".join(r.choice(_BITS) for _ in range(r.randint(0, 40)))
+        starts, pieces = memo.pieces(text, [len(head)])
+        assert list(zip(starts, pieces)) == _splitter().pieces(text), (seed, step)
+    assert sum(limited) > 25  # (tokens were looked for in part of the head only)

@@ -24,9 +24,9 @@ Tested against ``Splitter.pieces`` on whole texts.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 
-from replay.text.line_cuts import WINDOW, common_prefix
+from replay.text.line_cuts import WINDOW, common_prefix, common_suffix
 
 #: a head this long at least is set apart (a shorter one is scanned with the rest)
 HEAD_FROM = 2_048
@@ -55,7 +55,8 @@ class PieceMemo:
 
     def __init__(self, splitter):
         self.splitter = splitter
-        self._heads: dict[tuple, tuple[str, list[tuple[int, str]]]] = {}  # (length, ends) → head, pieces
+        self._heads: dict[tuple, tuple] = {}  # (length, ends) → (head, its pieces, its matches)
+        self._heads_by_end: dict[str, tuple] = {}  # last characters → the last head that ended so
         self._rests: dict[str, _Rest] = {}
         self._head_chars = self._chars = 0
 
@@ -81,8 +82,9 @@ class PieceMemo:
             if got is None or got[0] != head_text:
                 if self._head_chars > HEAD_CHARS:
                     self._heads.clear()
+                    self._heads_by_end.clear()
                     self._head_chars = 0
-                got = self._heads[key] = (head_text, sp.pieces(head_text))
+                got = self._heads[key] = self._heads_by_end[key[2]] = self._head(head_text, key[2])
                 self._head_chars += cut
             head = got[1]
             starts = [s for s, _ in head]
@@ -94,6 +96,28 @@ class PieceMemo:
             starts = list(rest.starts)
         pieces.extend(rest.pieces)
         return starts, pieces
+
+    def _head(self, head_text: str, end: str) -> tuple[str, list[tuple[int, str]], list[tuple[int, int]]]:
+        """(the head, its pieces, its tokens' matches). Tokens are looked for
+        only where it differs from the last head that ended alike: from where
+        their common end begins, ``R``, every decision reads common text, so
+        when no match reaches over ``R`` in either, the scans agree from ``R``
+        on and the earlier head's later matches are this one's."""
+        sp = self.splitter
+        like = self._heads_by_end.get(end)
+        matches = None
+        if like is not None:
+            same = common_suffix(head_text, like[0])
+            r, r_like = len(head_text) - same, len(like[0]) - same
+            theirs = like[2]
+            k = bisect_left(theirs, (r_like, -1))  # (their first match starting at R or after)
+            if k == 0 or theirs[k - 1][1] <= r_like:
+                mine = [m for m in sp.matches(head_text, 0, min(len(head_text), r + sp.longest)) if m[0] < r]
+                if not mine or mine[-1][1] <= r:
+                    shift = r - r_like
+                    matches = mine + [(s + shift, e + shift) for s, e in theirs[k:]]
+        pieces, matches = sp.scan(head_text, matches=matches)
+        return head_text, pieces, matches
 
     def _rest(self, text: str, cut: int) -> _Rest:
         sp = self.splitter

@@ -69,9 +69,16 @@ class Splitter:
         (:meth:`starts_afresh`) or the end of one. ``clean``: given, the
         indices of the pieces that are tokens are appended (after each, the
         scan starts afresh)."""
+        return self.scan(text, start, clean)[0]
+
+    def scan(self, text: str, start: int = 0, clean: list[int] | None = None,
+             matches: list[tuple[int, int]] | None = None) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
+        """:meth:`pieces`, and the added tokens' matches (cut at or not:
+        :meth:`matches`) they were cut by; ``matches``: those, known already."""
         if self.whole or (self._re is None and self._re_normalized is None):
-            return [(start, text[start:])] if len(text) > start else []
-        matches = self._matches(text, start)
+            return ([(start, text[start:])] if len(text) > start else []), []
+        if matches is None:
+            matches = self.matches(text, start, len(text))
         out: list[tuple[int, str]] = []
         pos = start
         between = self._lines.cut if self.lines else _one
@@ -94,7 +101,7 @@ class Splitter:
                 append((pos, text[pos:]))
             else:
                 between(text, pos, len(text), out)
-        return out
+        return out, matches
 
     def starts_afresh(self, text: str, at: int) -> bool:
         """Does a token cut at start at ``at`` in ``text``, whatever comes before
@@ -119,21 +126,24 @@ class Splitter:
                         return False
         return True
 
-    def _matches(self, text: str, start: int = 0) -> list[tuple[int, int]]:
-        """The added tokens' matches in ``text`` as ``tokenizers`` finds them:
-        the tokens that are not ``normalized`` first (leftmost longest), then the
-        normalized ones in the text left between those.
+    def matches(self, text: str, start: int, end: int) -> list[tuple[int, int]]:
+        """The added tokens' matches (``(start, end)``, in order) in ``text``
+        from ``start`` (where the scan starts afresh) as ``tokenizers`` finds
+        them, looked for before ``end`` only (a match that would reach past it
+        is not found whole): the tokens that are not ``normalized`` first
+        (leftmost longest), then the normalized ones in the text left between
+        those.
 
         First each trie's matches over the whole text on its own (one scan in
         C each): when no two of all those overlap, no scan ever had to skip a
         match for another's sake, so together they are exactly the answer (the
         scan of a stretch between matches meets no match crossing its ends).
         Otherwise the scans are made in order, as described."""
-        spans = [m.span() for rx in self._tries for m in rx.finditer(text, start)]
+        spans = [m.span() for rx in self._tries for m in rx.finditer(text, start, end)]
         spans.sort()
         if all(b[0] >= a[1] for a, b in zip(spans, spans[1:])):
             return spans
-        n = len(text)
+        n = end
         matches: list[tuple[int, int]] = []
         pos = start
         for s, e in [*_spans(self._re, text, start, n), (n, n)]:
