@@ -218,6 +218,8 @@ _TOJSON_MEMO: dict[int, tuple[Any, str]] = {}
 _TOJSON_MEMO_MAX = 50_000
 #: logged messages and tools mapped to the template's shape, per object (``template_messages``)
 _MAPPED: dict = {}
+#: (message id, index) → (message, its tracked copy), while frozen (``_tracked``)
+_TRACKED: dict = {}
 
 
 def freeze_inputs(on: bool) -> None:
@@ -229,12 +231,14 @@ def freeze_inputs(on: bool) -> None:
     _FROZEN[0] = on
     _TOJSON_MEMO.clear()
     _MAPPED.clear()
+    _TRACKED.clear()
 
 
 def forget_frozen() -> None:
     """Drop what is remembered per object (the caller lets go of its objects)."""
     _TOJSON_MEMO.clear()
     _MAPPED.clear()
+    _TRACKED.clear()
 
 
 def _fast_compiled(source: str):
@@ -357,15 +361,37 @@ def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | N
     return render_messages(tpl, messages, tools, ts_us), origin
 
 
+def _tracked(m: dict, j: int, w: list) -> "_Tracked":
+    """Message ``m`` at index ``j`` aliased and tracked (``render_messages``),
+    remembered per object and index while the inputs are frozen (a template
+    cannot change a message: the sandbox refuses it); only its window is this
+    render's."""
+    key = (id(m), j)
+    hit = _TRACKED.get(key)
+    if hit is not None and hit[0] is m:
+        t = hit[1]
+    else:
+        t = _Tracked(template_env.alias_reasoning([m])[0])
+        t._index = j
+        if len(_TRACKED) >= _TOJSON_MEMO_MAX:
+            _TRACKED.clear()
+        _TRACKED[key] = (m, t)
+    t._w = w
+    return t
+
+
 def render_messages(tpl: ChatTemplate, messages: list[dict], tools: list | None, ts_us: int | None,
                     add_generation_prompt: bool = True) -> list[tuple[str, int]]:
     """:func:`render_chunks` of messages already in the template's shape."""
     w = [None, None, None, False]  # the reads since the last chunk written (``_Tracked``)
-    tracked = []
-    for j, m in enumerate(template_env.alias_reasoning(messages)):
-        t = _Tracked(m)
-        t._index, t._w = j, w
-        tracked.append(t)
+    if _FROZEN[0] and template_env.uses_copy():  # (the copy aliases each message on its own)
+        tracked = [_tracked(m, j, w) for j, m in enumerate(messages)]
+    else:
+        tracked = []
+        for j, m in enumerate(template_env.alias_reasoning(messages)):
+            t = _Tracked(m)
+            t._index, t._w = j, w
+            tracked.append(t)
     variables = {**tpl.specials, **template_now(ts_us)}
     gen = _fast_compiled(tpl.source).generate(messages=tracked, tools=tools, documents=None,
                                               add_generation_prompt=add_generation_prompt, **variables)

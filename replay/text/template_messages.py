@@ -217,7 +217,7 @@ def template_messages(body: dict, fmt: str | None, blocks: bool, memo: dict | No
     if system is None:
         system = body.get("instructions")
     if system is not None and system != "" and system != []:
-        messages.append({"role": "system", "content": content(system, blocks)})
+        messages.append({"role": "system", "content": _memoized(memo, content, system, blocks)})
         origin.append(1)
     logged = body.get("messages")
     if logged is None:
