@@ -8,6 +8,7 @@ taken."""
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import numpy as np
@@ -309,3 +310,44 @@ def test_only_a_template_hands_requests_over(tmp_path, inline, monkeypatch):
         con.close()
         tok.close()
     assert calls == ["template"]
+
+
+def test_the_stage_takes_the_parts_ingest_handed_over(tmp_path, inline, monkeypatch):
+    """The body parts ingest handed over for a template's requests are read by
+    the stage from the tokenizer (``Tok.recent_parts``), not from the database:
+    the same rows, no part read again."""
+    from replay.text.template_bodies import TemplateBodies
+
+    log = tmp_path / "log.jsonl"
+    records = conversations_log((4, 5), "anthropic", log, n_conv=4, turns=5)
+    want = _baseline(tmp_path, log, DATED)
+    reads = []
+    real = TemplateBodies.rows
+
+    class Counting:
+        def __init__(self, con):
+            self.con = con
+
+        def execute(self, sql, *args):
+            reads.append("FROM blobs" in sql)
+            _replay_blob_ids = sys._getframe(1).f_locals.get("_replay_blob_ids")  # noqa: F841 - read by DuckDB
+            return self.con.execute(sql, *args)
+
+    monkeypatch.setattr(TemplateBodies, "rows", lambda self, con, *a: real(self, Counting(con), *a))
+    tok = load_tokenizer(template=DATED)
+    con = rp.open_db(tmp_path / "kept.duckdb")
+    rp.ingest(con, [str(log)], tokenizer=tok)
+    assert tok.recent_parts  # (handed over while ingest ran)
+    tokenize_stage(con, tok, chunk_requests=CHUNK)
+    assert _rows(con) == want and len(want[0]) == len(records)
+    assert not any(reads)  # every part was at hand
+    assert not tok.recent_parts  # (let go once the stage is done)
+    con.close()
+    tok.close()
+    tok = load_tokenizer(template=DATED)  # without them: read from the database
+    con = rp.open_db(tmp_path / "read.duckdb")
+    rp.ingest(con, [str(log)])
+    tokenize_stage(con, tok, chunk_requests=CHUNK)
+    assert _rows(con) == want and any(reads)
+    con.close()
+    tok.close()

@@ -62,14 +62,24 @@ class TemplateBodies:
         self.chars += got[1]
         return True
 
-    def rows(self, con, by_blobs: np.ndarray, blobs_col) -> "RowBodies":
+    def rows(self, con, by_blobs: np.ndarray, blobs_col, known: dict | None = None) -> "RowBodies":
         """A chunk's bodies stored as parts (``by_blobs``): the parts not here are
-        read now, parsed when a body needs them."""
-        rows = [blobs_col[i].values.to_numpy(zero_copy_only=False).tolist() if by_blobs[i] else None
-                for i in range(len(by_blobs))]
+        taken from ``known`` (blob id → (kind, text): what ingest handed over)
+        or read now, parsed when a body needs them."""
+        offsets = blobs_col.offsets.to_numpy().tolist()
+        values = blobs_col.values.to_numpy(zero_copy_only=False).tolist()
+        rows = [values[offsets[i]:offsets[i + 1]] if on else None for i, on in enumerate(by_blobs.tolist())]
         self.room()
         glue, raw = self.glue, self.raw
-        wanted = {b for r in rows if r is not None for b in r if b not in raw and not self._has(b)}
+        wanted = {b for b in set().union(*[r for r in rows if r]) if b not in raw and not self._has(b)}
+        if wanted and known:
+            for b in [b for b in wanted if b in known]:
+                kind, text = known[b]
+                if kind == "glue":
+                    glue[b] = text
+                else:
+                    raw[b] = (kind, text)
+                wanted.discard(b)
         if wanted:
             _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
                 np.fromiter(wanted, dtype=np.uint64, count=len(wanted)), pa.uint64())})

@@ -23,6 +23,8 @@ from replay.text import encoder, engine, render_template, renderers, segids
 from replay.text.tokenizer_json import load_reference, prepare_tokenizer
 
 DEEPSEEK_NAME = "deepseek-v4"
+#: characters of body parts kept for the tokenize stage (``Tok.recent_parts``; then all are forgotten)
+RECENT_PART_CHARS = 32_000_000
 
 
 class TokenizerSpec(NamedTuple):
@@ -122,6 +124,10 @@ class Tok:
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
         self._lost = False  # an encoder process ended: what it handed out may be unchecked
         self._elsewhere: tuple = ({}, {}, [0])  # parts, tokens prepared elsewhere, tokens added (add_prepared)
+        #: body parts (blob id → (kind, text)) ingest handed over for a template's requests:
+        #: the tokenize stage reads them here, not from the database (``TemplateBodies.rows``)
+        self.recent_parts: dict[int, tuple[str, str]] = {}
+        self._recent_chars = 0
 
     # ------------------------------------------------------------ the tokenizer itself
     def _local_tokenizer(self):
@@ -192,6 +198,11 @@ class Tok:
         (``replay.text.template_ahead``) for :meth:`take_requests`. A hint
         only, like :meth:`warm`."""
         if requests and self.render == renderers.TEMPLATE:
+            for bid, kind, text in blobs:  # (content-addressed: the text of an id never changes)
+                if self._recent_chars > RECENT_PART_CHARS:
+                    self.recent_parts, self._recent_chars = {}, 0
+                self.recent_parts[bid] = (kind, text)
+                self._recent_chars += len(text)
             self._from_process(lambda p: p.warm_requests(blobs, requests))
 
     def take_requests(self, request_ids: list[int]) -> tuple[dict, dict]:
@@ -239,6 +250,7 @@ class Tok:
         the reference and run the checks that waited for it, beside whatever this
         process does next (:meth:`verdict` waits for them)."""
         self._elsewhere = ({}, {}, [0])  # (what was not taken: its blobs were rendered already)
+        self.recent_parts, self._recent_chars = {}, 0
         self._from_process(lambda p: p.settle())
 
     def verdict(self) -> list[str]:

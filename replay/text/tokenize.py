@@ -396,7 +396,7 @@ class _Run:
         if self.tok.render == TEMPLATE and by_blobs.any():
             # a chat template reads each body whole: assembled from its parts, parsed
             # when a body is needed (most may have been rendered ahead)
-            parsed = self.template_bodies.rows(self.reads, by_blobs, blobs_col)
+            parsed = self.template_bodies.rows(self.reads, by_blobs, blobs_col, self.tok.recent_parts)
             ahead = AheadRows(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts, parsed.part_ids,
                               np.flatnonzero(by_blobs).tolist())
             by_blobs[:] = False
@@ -545,8 +545,9 @@ def _with_whole_bodies(con, tbl: pa.Table, by_blobs: np.ndarray, blobs_col) -> p
 
 def _prompt_rows(rows: list[tuple], known: dict[int, int]) -> pa.Table:
     """The ``prompts`` rows of requests rendered one by one."""
-    n_tokens = [sum(known[s] for s in r[1]) for r in rows]
-    out_n = [None if r[3] is None else sum(known[s] for s in r[3]) for r in rows]
+    count = known.__getitem__
+    n_tokens = [sum(map(count, r[1])) for r in rows]
+    out_n = [None if r[3] is None else sum(map(count, r[3])) for r in rows]
     return pa.table({
         "request_id": pa.array([r[0] for r in rows], pa.int64()),
         "n_tokens": pa.array(n_tokens, pa.int64()),
