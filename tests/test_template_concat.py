@@ -67,6 +67,8 @@ def test_a_chain_compiles_to_one_join():
     env = render_template._fast_compiled(source).environment
     assert "concat_all" in env.compile(source, raw=True)
     assert "concat_all" not in env.compile("{{ a + b }}", raw=True)  # (two operands: Python's +)
+    assert "concat_all" in env.compile("{% set ns.t = ns.t + a + b %}", raw=True)  # (a text being built)
+    assert "concat_all" not in env.compile("{{ '<t>' + m['c'] + '</t>' }}", raw=True)  # (short: Python's +)
 
 
 def test_concat_all():

@@ -4,10 +4,11 @@ Jinja compiles ``a + b + c + d`` to ``((a + b) + c) + d``: each ``+`` copies the
 text so far. A template that builds a long text piece by piece —
 DeepSeek-V3.1's tools block is ``tool_ns.text + '\\n### ' + name + … + '\\n'``
 for each tool, eight operands — copies the whole block seven times per tool.
-:class:`ConcatGenerator` compiles such a chain to ``environment.concat_all(a, b,
-c, d)``, which joins strings once, and with any operand that is not exactly a
-``str`` adds them in order with ``+``: the same value, or the same exception at
-the same step.
+:class:`ConcatGenerator` compiles such a chain (three operands or more, the
+first a variable or a namespace's attribute: a text being built) to
+``environment.concat_all(a, b, c, d)``, which joins strings once, and with
+any operand that is not exactly a ``str`` adds them in order with ``+``: the
+same value, or the same exception at the same step.
 
 Every operand is still evaluated in its own order, and none after a ``+``
 that would have come before it: operands that cannot raise or change anything
@@ -36,6 +37,14 @@ def _quiet(node) -> bool:
     return False
 
 
+def _accumulator(node) -> bool:
+    """A chain worth joining starts with a variable or a namespace's attribute
+    (``x + …``, ``ns.text + …``: a text being built); one that starts with a
+    constant or an item (``'<tag>' + m['content'] + …``) is short, and
+    Python's ``+`` beats a call."""
+    return isinstance(node, nodes.Name) or (isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name))
+
+
 def concat_all(*operands):
     """``operands[0] + operands[1] + …``, strings joined at once."""
     for x in operands:
@@ -62,7 +71,7 @@ class ConcatGenerator(CodeGenerator):
             node = node.left
         operands.append(node)
         operands.reverse()
-        if len(operands) < 3:
+        if len(operands) < 3 or not _accumulator(operands[0]):
             return super().visit_Add(whole, frame)
         # levels: each loud operand after the first starts one (its ``+`` made before it is evaluated)
         levels = [[operands[0]]]
