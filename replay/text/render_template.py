@@ -80,7 +80,6 @@ import numpy as np
 from replay.text import template_env
 from replay.text.render import Piece, render_output
 from replay.text.template_messages import template_messages
-from replay.text.template_concat import ConcatGenerator, concat_all
 from replay.text.splitter import WHOLE_TEXT_ENV, Splitter  # noqa: F401 - WHOLE_TEXT_ENV: named here too
 
 #: bumped whenever the mapping of bodies or the rendering changes what a template sees
@@ -307,6 +306,8 @@ def _fast_compiled(source: str):
         return out
 
     env.filters["tojson"] = tojson_
+    from replay.text.template_concat import ConcatGenerator, concat_all  # (jinja2's compiler: templates only)
+
     env.code_generator_class = ConcatGenerator  # (chains of ``+`` joined at once: ``template_concat``)
     env.concat_all = concat_all
     try:
