@@ -133,35 +133,27 @@ def _pieces(span: str, at: int, cuts: list[int], like: _Run | None, first: int, 
 
 
 def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common beginning of ``a`` and ``b`` (compared a
-    block at a time: slices compare in C)."""
-    n = min(len(a), len(b))
-    lo, step = 0, 1024
-    while lo < n:
-        hi = min(n, lo + step)
-        if a[lo:hi] != b[lo:hi]:
-            while hi - lo > 1:  # (a[:lo] agrees, a[:hi] does not)
-                mid = (lo + hi) // 2
-                if a[lo:mid] == b[lo:mid]:
-                    lo = mid
-                else:
-                    hi = mid
-            return lo
-        lo, step = hi, step * 2
-    return n
+    """Length of the longest common beginning of ``a`` and ``b``."""
+    return _agreeing(min(len(a), len(b)), lambda lo, hi: a[lo:hi] == b[lo:hi])
 
 
 def common_suffix(a: str, b: str) -> int:
     """Length of the longest common end of ``a`` and ``b``."""
-    n = min(len(a), len(b))
     la, lb = len(a), len(b)
-    lo, step = 0, 1024  # the last ``lo`` characters agree
+    return _agreeing(min(la, lb), lambda lo, hi: a[la - hi:la - lo] == b[lb - hi:lb - lo])
+
+
+def _agreeing(n: int, agree) -> int:
+    """The largest ``k <= n`` such that the first ``k`` characters agree, where
+    ``agree(lo, hi)`` compares characters ``lo`` to ``hi`` (slices compare in C:
+    blocks of doubling size, then halving inside the first that disagrees)."""
+    lo, step = 0, 1024
     while lo < n:
         hi = min(n, lo + step)
-        if a[la - hi:la - lo] != b[lb - hi:lb - lo]:
-            while hi - lo > 1:
+        if not agree(lo, hi):
+            while hi - lo > 1:  # (the first ``lo`` agree, the first ``hi`` do not)
                 mid = (lo + hi) // 2
-                if a[la - mid:la - lo] == b[lb - mid:lb - lo]:
+                if agree(lo, mid):
                     lo = mid
                 else:
                     hi = mid
