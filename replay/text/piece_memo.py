@@ -8,16 +8,17 @@ same conversation ended with). :class:`PieceMemo` gives the same pieces as
 ``Splitter.pieces(text)`` with less work:
 
 * The text is divided where the splitter starts afresh anyway
-  (``Splitter.starts_afresh``: at a token only the first pass matches, which
-  no token that could start earlier reaches past), at the first message
-  boundary past :data:`HEAD_FROM` characters. The head's pieces are those of
-  the head alone, remembered by its text.
+  (``Splitter.starts_afresh``: at a token cut at, which no token that could
+  start earlier reaches past), at the first message boundary past
+  :data:`HEAD_FROM` characters. The head's pieces are those of the head
+  alone, remembered by its text; a new head is scanned for tokens only where
+  it differs from the last head that ended alike (``PieceMemo._head``).
 * The rest is compared with the last such rest that began with the same
-  :data:`KEY` characters. Up to the end of a token only the first pass
-  matches (``Splitter.clean``) lying :attr:`Splitter.longest` characters or
-  more inside their common beginning, every decision the splitter made read
-  only common text, so those pieces stand (the very strings: their hashes are
-  computed once); the splitter goes on from there.
+  :data:`KEY` characters (and has the same characters before it, which a line
+  cut may read). Up to the end of a token lying :attr:`Splitter.longest`
+  characters or more inside their common beginning, every decision the
+  splitter made read only common text, so those pieces stand (the very
+  strings: their hashes are computed once); the splitter goes on from there.
 
 Tested against ``Splitter.pieces`` on whole texts.
 """
@@ -41,8 +42,8 @@ REST_CHARS = 8_000_000
 class _Rest:
     """A text from its head's end: its pieces (starts relative to it), and
     where it may be taken up again (``before``: the characters before it that
-    a line cut may read): ``clean_ends[i]`` is the end of a clean
-    token, ``clean_counts[i]`` the number of pieces up to it."""
+    a line cut may read): ``clean_ends[i]`` is the end of a token, after which
+    the scan starts afresh, ``clean_counts[i]`` the number of pieces up to it."""
     __slots__ = ("text", "before", "starts", "pieces", "clean_ends", "clean_counts")
 
     def __init__(self, text, before, starts, pieces, clean_ends, clean_counts):

@@ -65,7 +65,7 @@ class Splitter:
         """``(start, piece)`` of the pieces of ``text`` (none empty), in order (a
         long piece seen before may be the very string it was then: its hash is
         computed once). ``start``: only the pieces from there, where the scan
-        starts afresh — 0, the start of a token the first pass matches
+        starts afresh — 0, the start of a token cut at
         (:meth:`starts_afresh`) or the end of one. ``clean``: given, the
         indices of the pieces that are tokens are appended (after each, the
         scan starts afresh)."""
