@@ -18,15 +18,16 @@ import sys
 from pathlib import Path
 
 
-def spawn(module: str, *args: str) -> subprocess.Popen:
-    """``python -m module args`` running this copy of the package. ``-P``: without
-    it, ``-m`` puts the working directory first on the path, and a run started
-    in another checkout of the project would talk to that checkout's helper."""
+def spawn(module: str, *args: str, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """``python -m module args`` running this copy of the package (``pass_fds``:
+    descriptors it inherits). ``-P``: without it, ``-m`` puts the working
+    directory first on the path, and a run started in another checkout of the
+    project would talk to that checkout's helper."""
     env = dict(os.environ)
     pkg_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = pkg_root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.Popen([sys.executable, "-P", "-m", module, *args], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env)
+                            stdout=subprocess.PIPE, env=env, pass_fds=pass_fds)
 
 
 def write_frame(fh, obj) -> None:

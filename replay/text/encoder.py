@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from replay.store.jsontext import loads
-from replay.text import child, segids, template_ahead
+from replay.text import ahead_board, child, segids, template_ahead
 from replay.text.engine import Engine
 from replay.text.render import render_part
 from replay.text.tokenizer_json import json_facts, load_reference, prepare_tokenizer
@@ -67,8 +67,10 @@ class EncoderProcess:
 
     def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True,
                  template: tuple | None = None):
+        #: with a template: where this process's stage and the child are in a chunk's requests
+        self.board = ahead_board.Board() if template is not None else None
         self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0",
-                                 "1" if add_markers else "0")
+                                 "1" if add_markers else "0", pass_fds=(self.board.fd,) if self.board else ())
         self._lock = threading.Lock()
         self._info: dict | None = None
         self._warm_sent = 0
@@ -82,7 +84,7 @@ class EncoderProcess:
         self._sender = threading.Thread(target=self._send_loop, daemon=True, name="replay-encoder-sender")
         self._sender.start()
         if template is not None:  # (source, origin, specials): requests are rendered ahead with it
-            self._send(("template", template))
+            self._send(("template", template, self.board.fd))
 
     def info(self) -> dict:
         """vocab_size, marker_ids, markers_added (waits for the child to be ready)."""
@@ -151,14 +153,22 @@ class EncoderProcess:
         with self._lock:
             self._send(("ahead", blobs, requests))
 
-    def take_requests(self, request_ids: list[int]) -> tuple[dict[int, tuple], dict]:
+    def take_requests(self, request_ids: list[int], through: int) -> tuple[dict[int, tuple], dict]:
         """The requests among ``request_ids`` rendered ahead: id → (ts_us, format,
         part ids, segment ids, parts), and seg id → tokens of their segments not
-        handed over before; the rest are the caller's to render."""
-        rids, rest, (segs, seg_lengths), (parts, _), tok_ids, packed = self._ask(("requests", request_ids))
+        handed over before; the rest, and every request up to ``through``, are
+        the caller's to render."""
+        rids, rest, (segs, seg_lengths), (parts, _), tok_ids, packed = self._ask(("requests", request_ids, through))
         segs, parts = _unpack(segs, seg_lengths, "<u8"), _unpack(parts, seg_lengths)
         return ({rid: (*r, s, p) for rid, r, s, p in zip(rids, rest, segs, parts)},
                 dict(zip(tok_ids, _unpack(*packed))))
+
+    def encode_for_stage(self, texts: dict[int, str]) -> None:
+        """New texts (segment id → text) of requests the caller rendered: the child
+        encodes them between its own, and hands their tokens over with the next
+        :meth:`take_requests`; no reply."""
+        with self._lock:
+            self._send(("encode_for_stage", texts))
 
     def take_blobs_flat(self, blob_ids: list[int]) -> PreparedBlobs:
         """The prepared parts among ``blob_ids``, as flat arrays (no array per part:
@@ -191,6 +201,8 @@ class EncoderProcess:
             self._outbox.put(None)  # pending warm parts are dropped; a frame being written finishes
             self._sender.join(timeout=5)
             child.stop(self._proc)
+            if self.board is not None:
+                self.board.close()
 
     def __del__(self):  # pragma: no cover - best effort at interpreter exit
         try:
@@ -414,14 +426,21 @@ class _Child:
                 self.ahead.add(msg[1], msg[2], self.between)
         elif kind == "template":
             try:
-                self.ahead = template_ahead.RequestsAhead(self.engine, msg[1], self.path)
+                self.ahead = template_ahead.RequestsAhead(self.engine, msg[1], self.path,
+                                                          ahead_board.Board(msg[2]))
             except Exception as exc:  # noqa: BLE001 - the stage renders every request itself
                 print(f"tokenize: the encoder process cannot render ahead ({type(exc).__name__}: {exc})",
                       file=sys.stderr)
         elif kind == "requests":
-            got, tokens = self.ahead.take(msg[1]) if self.ahead is not None else ({}, {})
+            got, tokens = self.ahead.take(msg[1], msg[2]) if self.ahead is not None else ({}, {})
             self._reply(lambda: (list(got), [v[:3] for v in got.values()], _pack([v[3] for v in got.values()], "<u8"),
                                  _pack([v[4] for v in got.values()]), list(tokens), _pack(list(tokens.values()))))
+        elif kind == "encode_for_stage":  # (no reply: the tokens go with the next "requests")
+            try:
+                if self.ahead is not None:
+                    self.ahead.encode_for_stage(msg[1])
+            except Exception:  # noqa: BLE001 - a hint: the stage encodes them itself, and reports a failure
+                pass
         elif kind == "encode":
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
             self._reply(lambda: _pack(self.engine.encode(msg[1])), ENCODE_FAILED)

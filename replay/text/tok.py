@@ -205,13 +205,29 @@ class Tok:
                 self._recent_chars += len(text)
             self._from_process(lambda p: p.warm_requests(blobs, requests))
 
-    def take_requests(self, request_ids: list[int]) -> tuple[dict, dict]:
+    def take_requests(self, request_ids: list[int], through: int = 0) -> tuple[dict, dict]:
         """The requests among ``request_ids`` rendered ahead (handed over once):
         id → (ts_us, format, part ids, segment ids, parts), and seg id → tokens
-        of their segments not handed over before; none without the process."""
-        if not request_ids or self.render != renderers.TEMPLATE:
+        of their segments not handed over before; none without the process.
+        From now on the process leaves every request up to ``through`` and the
+        ids to the caller."""
+        if self.render != renderers.TEMPLATE:
             return {}, {}
-        return self._from_process(lambda p: p.take_requests(request_ids), ({}, {}))
+        return self._from_process(lambda p: p.take_requests(request_ids, through), ({}, {}))
+
+    def encode_for_stage(self, texts: dict[int, str]) -> None:
+        """New texts (segment id → text) of requests the tokenize stage rendered
+        itself: with a template, the encoder process encodes them while the
+        stage renders on, and their tokens come with the next
+        :meth:`take_requests`. A hint only: texts whose tokens do not come back
+        are encoded when the stage stores its chunk."""
+        if texts and self.render == renderers.TEMPLATE:
+            self._from_process(lambda p: p.encode_for_stage(texts))
+
+    def ahead_board(self):
+        """Where the encoder process is in the requests it renders ahead
+        (``replay.text.ahead_board``), or None without the process."""
+        return None if self._proc is None or self.render != renderers.TEMPLATE else self._proc.board
 
     def add_prepared(self, parts: dict, tokens: dict) -> None:
         """Body parts rendered and encoded elsewhere with the reference tokenizer

@@ -148,9 +148,11 @@ class NewSegments:
         return sid in self.known or sid in self.new_arrays or sid in self.new_texts
 
     def add_arrays(self, tokens: dict[int, np.ndarray]) -> None:
-        """Segments encoded elsewhere (seg id → tokens) that are not here yet."""
+        """Segments encoded elsewhere (seg id → tokens) that are not here yet, or
+        wait to be encoded here."""
         for sid, arr in tokens.items():
-            if not self.has(sid):
+            if sid not in self.known and sid not in self.new_arrays:
+                self.new_texts.pop(sid, None)
                 self.new_arrays[sid] = np.asarray(arr, dtype=np.int32)
 
     def add_tokens(self, tokens: np.ndarray) -> int:
@@ -397,8 +399,9 @@ class _Run:
             # a chat template reads each body whole: assembled from its parts, parsed
             # when a body is needed (most may have been rendered ahead)
             parsed = self.template_bodies.rows(self.reads, by_blobs, blobs_col, self.tok.recent_parts)
-            ahead = AheadRows(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts, parsed.part_ids,
+            ahead = AheadRows(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts, parsed,
                               np.flatnonzero(by_blobs).tolist())
+            ahead.meet()
             by_blobs[:] = False
         elif self.tok.render != "neutral" and by_blobs.any():
             # parts are rendered neutrally: another rendering renders each body whole
