@@ -47,7 +47,8 @@ def _requests(n):
     return blobs, [(rid, 1_000_000 * rid, "openai", [1, 2, 3]) for rid in range(1, n + 1)]
 
 
-def test_the_encoder_process_skips_what_the_stage_claimed(inline):
+@pytest.mark.usefixtures("inline")
+def test_the_encoder_process_skips_what_the_stage_claimed():
     tok = load_tokenizer(template=DATED)
     tpl = tok.template
     board = Board()
@@ -81,9 +82,10 @@ class Met(InProcess):
         self.ahead.encode_for_stage(texts)
 
 
+@pytest.mark.usefixtures("inline")
 @pytest.mark.parametrize("template", [DATED, STRIPS])
 @pytest.mark.parametrize("where", [0, 0.3, 0.75, 1])
-def test_the_stage_meets_the_encoder_process_where_it_is(tmp_path, inline, monkeypatch, template, where):
+def test_the_stage_meets_the_encoder_process_where_it_is(tmp_path, monkeypatch, template, where):
     """The encoder process rendered the requests up to a point (none, some of a
     chunk, all): the stage renders every row after it, backward, takes every
     row before it that is not a chunk's first, and stores the rows of
@@ -137,5 +139,32 @@ def test_the_real_encoder_process_meets_the_stage(tmp_path):
     assert _rows(con) == want
     assert len(rendered_here) == len(records) - got.rendered_ahead  # (the stage renders a row once, or takes it)
     assert got.rendered_ahead > 0
+    con.close()
+    tok.close()
+
+
+def test_without_a_board_the_stage_takes_what_is_ready(tmp_path, monkeypatch):
+    """No board could be made (no temporary file): the encoder process still
+    renders ahead, the stage takes what is ready when it reaches a chunk and
+    renders the rest; the rows are the same."""
+    from replay.text import encoder
+
+    def no_board(fd=None):
+        raise OSError("no temporary file here")
+
+    monkeypatch.setattr(encoder.ahead_board, "Board", no_board)
+    log = tmp_path / "log.jsonl"
+    records = conversations_log((26, 27), "anthropic", log, n_conv=4, turns=5)
+    want = _baseline(tmp_path, log, DATED)
+    tok = load_tokenizer(template=DATED)
+    assert tok.ahead_board() is None and tok._proc is not None
+    con = rp.open_db(tmp_path / "unboarded.duckdb")
+    rp.ingest(con, [str(log)], tokenizer=tok)
+    rendered_here = []
+    render = tok.render_request
+    tok.render_request = lambda body, fmt, ts: rendered_here.append(ts) or render(body, fmt, ts)
+    got = tokenize_stage(con, tok, chunk_requests=CHUNK)
+    assert _rows(con) == want
+    assert len(rendered_here) == len(records) - got.rendered_ahead
     con.close()
     tok.close()

@@ -68,7 +68,12 @@ class EncoderProcess:
     def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True,
                  template: tuple | None = None):
         #: with a template: where this process's stage and the child are in a chunk's requests
-        self.board = ahead_board.Board() if template is not None else None
+        self.board = None
+        if template is not None:
+            try:
+                self.board = ahead_board.Board()
+            except OSError:  # pragma: no cover - no temporary file: the stage takes what is ready at once
+                pass
         self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0",
                                  "1" if add_markers else "0", pass_fds=(self.board.fd,) if self.board else ())
         self._lock = threading.Lock()
@@ -84,7 +89,7 @@ class EncoderProcess:
         self._sender = threading.Thread(target=self._send_loop, daemon=True, name="replay-encoder-sender")
         self._sender.start()
         if template is not None:  # (source, origin, specials): requests are rendered ahead with it
-            self._send(("template", template, self.board.fd))
+            self._send(("template", template, None if self.board is None else self.board.fd))
 
     def info(self) -> dict:
         """vocab_size, marker_ids, markers_added (waits for the child to be ready)."""
@@ -427,7 +432,7 @@ class _Child:
         elif kind == "template":
             try:
                 self.ahead = template_ahead.RequestsAhead(self.engine, msg[1], self.path,
-                                                          ahead_board.Board(msg[2]))
+                                                          None if msg[2] is None else ahead_board.Board(msg[2]))
             except Exception as exc:  # noqa: BLE001 - the stage renders every request itself
                 print(f"tokenize: the encoder process cannot render ahead ({type(exc).__name__}: {exc})",
                       file=sys.stderr)
