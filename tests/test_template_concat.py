@@ -1,6 +1,7 @@
 """Chains of ``+`` joined at once render as transformers' environment renders them.
 
-``replay.text.template_concat`` compiles ``a + b + c`` to one join; checked
+``replay.text.template_concat`` compiles ``a + b + c`` to in-order steps joined
+once; checked
 against transformers' environment on values of every kind, on the exceptions
 a chain raises (the same type, at the same step: nothing after the failing
 ``+`` is evaluated), and on a real template's tools block.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from replay.text import render_template, template_env
-from replay.text.template_concat import concat_all
+from replay.text.template_concat import concat_end, concat_start, concat_step
 
 
 def _both(source: str, **variables):
@@ -39,6 +40,11 @@ CASES = [
     ("{% set ns = namespace(t='') %}{% for x in xs %}{% set ns.t = ns.t + '#' + x + '|' + x %}{% endfor %}{{ ns.t }}",
      {"xs": ["a", "bb", "ccc"]}),
     ("{{ a + b + c }}", {"a": None, "b": "s", "c": "t"}),
+    # a failing + before a lookup that raises too: the + comes first (TypeError, not UndefinedError)
+    ("{% set ns = namespace(t='a') %}{{ ns.t + n + u.x + 'z' }}", {"n": None}),
+    ("{% set ns = namespace(t='a') %}{{ ns.t + 'b' + u.x + n }}", {"n": None}),
+    ("{{ a + b + c + d }}", {"a": "s", "b": "t", "c": ["l"], "d": "u"}),  # TypeError at the third +
+    ("{{ a + b + c + d }}", {"a": [1], "b": [2], "c": [3], "d": [4]}),
 ]
 
 
@@ -65,15 +71,23 @@ def test_nothing_after_a_failing_addition_is_evaluated():
 def test_a_chain_compiles_to_one_join():
     source = "{{ a + b + c }}"
     env = render_template._fast_compiled(source).environment
-    assert "concat_all" in env.compile(source, raw=True)
-    assert "concat_all" not in env.compile("{{ a + b }}", raw=True)  # (two operands: Python's +)
-    assert "concat_all" in env.compile("{% set ns.t = ns.t + a + b %}", raw=True)  # (a text being built)
-    assert "concat_all" not in env.compile("{{ '<t>' + m['c'] + '</t>' }}", raw=True)  # (short: Python's +)
+    assert "concat_end" in env.compile(source, raw=True)
+    assert "concat_end" not in env.compile("{{ a + b }}", raw=True)  # (two operands: Python's +)
+    assert "concat_end" in env.compile("{% set ns.t = ns.t + a + b %}", raw=True)  # (a text being built)
+    assert "concat_end" not in env.compile("{{ '<t>' + m['c'] + '</t>' }}", raw=True)  # (short: Python's +)
 
 
-def test_concat_all():
-    assert concat_all("a", "b", "c") == "abc"
-    assert concat_all(1, 2, 3) == 6
-    assert concat_all([1], [2]) == [1, 2]
+def _chain(*operands):
+    acc = concat_start(operands[0])
+    for x in operands[1:]:
+        acc = concat_step(acc, x)
+    return concat_end(acc)
+
+
+def test_the_steps():
+    assert _chain("a", "b", "c") == "abc" and type(_chain("a", "b")) is str
+    assert _chain(1, 2, 3) == 6
+    assert _chain([1], [2]) == [1, 2]
+    assert _chain("a", "b", ["c"][0], "d") == "abcd"
     with pytest.raises(TypeError):
-        concat_all("a", 1)
+        _chain("a", "b", 1)

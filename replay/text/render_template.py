@@ -306,10 +306,11 @@ def _fast_compiled(source: str):
         return out
 
     env.filters["tojson"] = tojson_
-    from replay.text.template_concat import ConcatGenerator, concat_all  # (jinja2's compiler: templates only)
+    from replay.text import template_concat  # (jinja2's compiler: templates only)
 
-    env.code_generator_class = ConcatGenerator  # (chains of ``+`` joined at once: ``template_concat``)
-    env.concat_all = concat_all
+    env.code_generator_class = template_concat.ConcatGenerator  # (chains of ``+`` joined at once)
+    env.concat_start, env.concat_step, env.concat_end = (
+        template_concat.concat_start, template_concat.concat_step, template_concat.concat_end)
     try:
         got = _FAST[source] = env.from_string(source)
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
