@@ -331,6 +331,9 @@ CASES = {  # name: (template, tokenizer directory or None = DeepSeek's, split-ca
                                   "<｜tool▁output▁begin｜>", "## Tools")),
     "strips_reasoning": (STRIPS, None, True, ("</think>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>")),
     "metaspace": ("metaspace", "metaspace", False, ("<tool_call>", "<image>")),
+    # DeepSeek-V3.1's (vLLM's): its tools block is a chain remembered per tool object (``template_concat``)
+    "v31_tools": (ROOT / "bench" / "templates" / "tool_chat_template_deepseekv31.jinja", None, True,
+                  ("## Tools\nYou have access to the following tools", "\n### ", "<｜tool▁calls▁begin｜>")),
 }
 SEEDS = (1, 2, 3)
 
@@ -349,7 +352,16 @@ def test_stored_tokens_equal_transformers_and_tokenizers(case, fmt, tmp_path, mo
     tpl = tok.template
     assert Splitter.of_file(tok.path).whole is (not splits)
     rows = stored(con)
-    assert len(rows) == len(records)
+    unrenderable = set()  # (lines transformers cannot render either: V3.1 on a tool call without content)
+    for line, rec in enumerate(records, 1):
+        try:
+            oracle(tpl, rec["request"], fmt, ts_of(rec))
+        except Exception:  # noqa: BLE001 - jinja's UndefinedError and friends
+            unrenderable.add(line)
+    assert len(unrenderable) < len(records) / 2
+    aside = con.execute("SELECT r.line_no FROM set_aside s JOIN requests r USING (request_id)").fetchall()
+    assert {a for (a,) in aside} == unrenderable
+    assert len(rows) == len(records) - len(unrenderable)
     days, texts = set(), []
     for rid, line, ts, tokens, n_segs in rows:
         rec = records[line - 1]

@@ -91,3 +91,82 @@ def test_the_steps():
     assert _chain("a", "b", ["c"][0], "d") == "abcd"
     with pytest.raises(TypeError):
         _chain("a", "b", 1)
+
+
+# --------------------------------------------------------------------------- chains remembered per object
+
+TOOLS_LOOP = ("{% set ns = namespace(t='T:') %}{% for tool in tools %}"
+              "{% set ns.t = ns.t + '\\n# ' + tool.function.name + ' ' + (tool.function.parameters | tojson) + '.' %}"
+              "{% endfor %}{{ ns.t }}")
+
+
+@pytest.fixture
+def frozen():
+    render_template.freeze_inputs(True)
+    yield render_template
+    render_template.freeze_inputs(False)
+
+
+def _tool(name, **params):
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object", "properties": params}}}
+
+
+def test_a_chain_over_the_same_objects_is_remembered_and_renders_the_same(frozen):
+    """The same tool objects request after request: the second render takes the
+    remembered texts (the lookups are not made again) and equals transformers'."""
+    tools = [_tool("read", path={"type": "string"}), _tool("write", text={"type": "string", "é": [1, None]})]
+    first = _both(TOOLS_LOOP, tools=tools)
+    memo = render_template._CHAINS
+    assert first[0] == first[1] and len(memo.texts) == 2
+    tools[0]["function"]["name"] = "changed"  # (what frozen inputs promise not to do: shows the memo is read)
+    again = render_template._fast_compiled(TOOLS_LOOP).render(tools=tools)
+    assert again == first[0]
+    render_template.forget_frozen()
+    assert render_template._fast_compiled(TOOLS_LOOP).render(tools=tools) != first[0]  # (forgotten: read afresh)
+    fresh = [_tool("read", path={"type": "string"}), _tool("other")]  # (other objects: evaluated, then remembered)
+    assert _both(TOOLS_LOOP, tools=fresh)[0] == _both(TOOLS_LOOP, tools=fresh)[1]
+
+
+@pytest.mark.parametrize("source, variables", [
+    # a namespace changes between renders of the chain: never remembered
+    ("{% set ns = namespace(t='') %}{% set o = namespace(v='a') %}{% for i in xs %}"
+     "{% set ns.t = ns.t + '-' + o.v + '|' %}{% set o.v = o.v + 'b' %}{% endfor %}{{ ns.t }}", {"xs": [1, 2, 3]}),
+    # a dict holding something else (a namespace made by the template, changed between renders): not remembered
+    ("{% set ns = namespace(t='') %}{% set o = namespace(v='a') %}{% set d = {'k': o} %}{% for i in xs %}"
+     "{% set ns.t = ns.t + '-' + d.k.v + '|' %}{% set o.v = o.v + 'b' %}{% endfor %}{{ ns.t }}", {"xs": [1, 2, 3]}),
+    ("{% set ns = namespace(t='') %}{% set o = namespace(v='a') %}{% set d = [1, [o]] %}{% for i in xs %}"
+     "{% set ns.t = ns.t + '-' + d[1][0].v + '|' %}{% set o.v = o.v + 'b' %}{% endfor %}{{ ns.t }}", {"xs": [1, 2]}),
+    # values that are not strings: the original additions, the same errors
+    ("{% set ns = namespace(t='') %}{% for x in xs %}{% set ns.t = ns.t + '#' + x.n + '.' %}{% endfor %}{{ ns.t }}",
+     {"xs": [{"n": "a"}, {"n": 2}]}),
+    ("{% set ns = namespace(t='') %}{% for x in xs %}{% set ns.t = ns.t + '#' + x.m + '.' %}{% endfor %}{{ ns.t }}",
+     {"xs": [{"n": "a"}]}),
+    ("{% set ns = namespace(t=0) %}{% for x in xs %}{% set ns.t = ns.t + x.n + x.n %}{% endfor %}{{ ns.t }}",
+     {"xs": [{"n": 1}, {"n": 2}]}),
+    ("{% set ns = namespace(t='') %}{% for x in xs %}{% set ns.t = ns.t + x + '/' %}{% endfor %}{{ ns.t }}",
+     {"xs": ["a", "b", "a"]}),
+])
+def test_chains_that_cannot_be_remembered_render_as_transformers_does(frozen, source, variables):
+    for _ in range(3):  # (a memo would answer the later rounds)
+        fast, reference = _both(source, **variables)
+        assert fast == reference
+
+
+def test_the_messages_reads_are_still_noted(frozen):
+    """A chain over a message (tracked: its reads name the chunk's part) is never
+    taken from the memo: the chunks and their messages are those of rendering afresh."""
+    source = ("{% set ns = namespace(t='') %}{% for m in messages %}{% set ns.t = ns.t + '\\n' + m.content + '!' %}"
+              "{{ m.role }}{% endfor %}{{ ns.t }}")
+    tpl = render_template.ChatTemplate(source, "test", {})
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    got = [render_template.render_messages(tpl, messages, None, 0) for _ in range(3)]
+    render_template.freeze_inputs(False)
+    assert got[0] == got[1] == got[2] == render_template.render_messages(tpl, messages, None, 0)
+
+
+def test_nothing_is_remembered_unless_the_inputs_are_frozen():
+    tools = [_tool("read", path={"type": "string"})]
+    first = render_template._fast_compiled(TOOLS_LOOP).render(tools=tools)
+    tools[0]["function"]["name"] = "changed"  # (allowed: the inputs are not frozen)
+    fast, reference = _both(TOOLS_LOOP, tools=tools)
+    assert fast == reference != first

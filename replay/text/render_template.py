@@ -219,6 +219,8 @@ _TOJSON_MEMO_MAX = 50_000
 _MAPPED: dict = {}
 #: (message id, index) → (message, its tracked copy), while frozen (``_tracked``)
 _TRACKED: dict = {}
+#: chains of ``+`` remembered per object while frozen (``template_concat.ChainMemo``), made with the first template
+_CHAINS = None
 
 
 def freeze_inputs(on: bool) -> None:
@@ -228,9 +230,7 @@ def freeze_inputs(on: bool) -> None:
     object (the tokenize stage hands the same parsed tools and messages to many
     requests). ``False``: back to rendering every object afresh."""
     _FROZEN[0] = on
-    _TOJSON_MEMO.clear()
-    _MAPPED.clear()
-    _TRACKED.clear()
+    forget_frozen()
 
 
 def forget_frozen() -> None:
@@ -238,6 +238,8 @@ def forget_frozen() -> None:
     _TOJSON_MEMO.clear()
     _MAPPED.clear()
     _TRACKED.clear()
+    if _CHAINS is not None:
+        _CHAINS.clear()
 
 
 def _fast_compiled(source: str):
@@ -311,6 +313,10 @@ def _fast_compiled(source: str):
     env.code_generator_class = template_concat.ConcatGenerator  # (chains of ``+`` joined at once)
     env.concat_start, env.concat_step, env.concat_end = (
         template_concat.concat_start, template_concat.concat_step, template_concat.concat_end)
+    global _CHAINS
+    if _CHAINS is None:
+        _CHAINS = template_concat.ChainMemo(_FROZEN)
+    env.concat_memo, env.concat_pure_filters = _CHAINS, ("tojson",)  # (tojson_: a function of its object)
     try:
         got = _FAST[source] = env.from_string(source)
     except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
