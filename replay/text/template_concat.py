@@ -92,21 +92,23 @@ class ChainMemo:
     def clear(self) -> None:
         self.texts: dict[tuple, tuple] = {}  # (number, ids of the roots) → (the roots, held; the text)
         self.json: dict[int, tuple] = {}  # id → (object, held; is it JSON data)
-        self.misses: dict[int, int] = {}  # chain number → misses while it has had no hit
+        self.misses: dict[int, int] = {}  # chain number → misses while it has had no hit (-1: it has)
         self.chars = 0
 
     def __call__(self, number: int, first, roots: tuple, rest, whole):
-        if type(first) is not str or not self.frozen[0] or self.misses.get(number, 0) > self.GIVE_UP:
+        if type(first) is not str or not self.frozen[0]:
             return whole()
         key = (number, *map(id, roots))
         hit = self.texts.get(key)
-        # (the entry holds its roots, so their ids are not reused meanwhile; checked all the same)
-        if hit is not None and all(a is b for a, b in zip(hit[0], roots)):
+        if hit is not None:  # (the entry holds its roots: their ids name no other object meanwhile)
             self.misses[number] = -1  # (it hits: never given up)
             return first + hit[1]
+        misses = self.misses.get(number, 0)
+        if misses > self.GIVE_UP:
+            return whole()
         out = whole()
-        if self.misses.get(number, 0) >= 0:
-            self.misses[number] = self.misses.get(number, 0) + 1
+        if misses >= 0:
+            self.misses[number] = misses + 1
         # (only over a dict or list: a chain of strings alone costs less than remembering it)
         if (type(out) is str and any(type(r) is dict or type(r) is list for r in roots)
                 and all(map(self._is_json, roots))):
