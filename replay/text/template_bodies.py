@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from replay.store.jsontext import loads
 
@@ -81,6 +80,8 @@ class TemplateBodies:
                     raw[b] = (kind, text)
                 wanted.discard(b)
         if wanted:
+            import pyarrow as pa  # (here: the encoder process, which only assembles, starts sooner without it)
+
             _replay_blob_ids = pa.table({"blob_id": pa.array(  # noqa: F841 - read by DuckDB by name
                 np.fromiter(wanted, dtype=np.uint64, count=len(wanted)), pa.uint64())})
             for bid, kind, text in con.execute("SELECT b.blob_id, b.kind, b.text FROM blobs b "
