@@ -72,7 +72,7 @@ class EncoderProcess:
         if template is not None:
             try:
                 self.board = ahead_board.Board()
-            except OSError:  # pragma: no cover - no temporary file: the stage takes what is ready at once
+            except OSError:  # no temporary file: the stage takes what is ready when it reaches a chunk
                 pass
         self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0",
                                  "1" if add_markers else "0", pass_fds=(self.board.fd,) if self.board else ())

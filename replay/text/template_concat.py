@@ -126,8 +126,8 @@ class ChainMemo:
     def _is_json(self, x) -> bool:
         if type(x) in _JSON_SCALARS:
             return True
-        got = self.json.get(id(x))
-        if got is None or got[0] is not x:
+        got = self.json.get(id(x))  # (an entry holds its object: its id names no other meanwhile)
+        if got is None:
             got = self.json[id(x)] = (x, _json_data(x))
         return got[1]
 
@@ -165,7 +165,11 @@ def _pure(node, filters) -> bool:
 
 class ConcatGenerator(CodeGenerator):
     """Jinja's code generator, a chain of three or more ``+`` starting with a
-    text being built compiled to in-order steps joined once (module docstring)."""
+    text being built compiled to in-order steps joined once (module docstring).
+    Its environment gives the steps (``concat_start``, ``concat_step``,
+    ``concat_end``), the memo (``concat_memo``, a :class:`ChainMemo`) and the
+    names of the pure filters (``concat_pure_filters``):
+    ``render_template._fast_compiled``."""
 
     def visit_Add(self, node, frame):
         if self.optimizer is not None and not frame.eval_ctx.volatile:  # (constants folded, as Jinja does)
@@ -180,10 +184,9 @@ class ConcatGenerator(CodeGenerator):
         operands.reverse()
         if len(operands) < 3 or not _accumulator(operands[0]):
             return super().visit_Add(whole, frame)
-        filters = getattr(self.environment, "concat_pure_filters", ())
+        filters = self.environment.concat_pure_filters
         rest = operands[1:]
-        if hasattr(self.environment, "concat_memo") and all(_pure(x, filters) for x in rest) and any(
-                not isinstance(x, nodes.Const) for x in rest):
+        if all(_pure(x, filters) for x in rest) and any(not isinstance(x, nodes.Const) for x in rest):
             names = {}
             for x in rest:
                 for name in [x] if isinstance(x, nodes.Name) else x.find_all(nodes.Name):
