@@ -168,3 +168,10 @@ def test_without_a_board_the_stage_takes_what_is_ready(tmp_path, monkeypatch):
     assert len(rendered_here) == len(records) - got.rendered_ahead
     con.close()
     tok.close()
+
+
+def test_the_encoder_process_starts_without_pyarrow():
+    """It only assembles bodies: importing pyarrow would delay its first render."""
+    code = "import sys, replay.text.encoder; print('pyarrow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "False"

@@ -170,3 +170,40 @@ def test_nothing_is_remembered_unless_the_inputs_are_frozen():
     tools[0]["function"]["name"] = "changed"  # (allowed: the inputs are not frozen)
     fast, reference = _both(TOOLS_LOOP, tools=tools)
     assert fast == reference != first
+
+
+FRESH_DICTS = ("{% set ns = namespace(t='') %}{% for n in names %}{% set d = {'n': n} %}"
+               "{% set ns.t = ns.t + '<' + d.n + '>' %}{% endfor %}{{ ns.t }}")
+
+
+def test_a_chain_over_new_objects_every_time_is_given_up(frozen, monkeypatch):
+    """A dict the template makes is a new object each render: never a hit, so
+    after GIVE_UP misses the chain is no longer remembered (the output stays right)."""
+    from replay.text.template_concat import ChainMemo
+
+    monkeypatch.setattr(ChainMemo, "GIVE_UP", 3)
+    names = [f"x{i}" for i in range(10)]
+    fast, reference = _both(FRESH_DICTS, names=names)
+    assert fast == reference
+    assert len(render_template._CHAINS.texts) == 4  # (misses 0..3 remembered, then given up)
+
+
+def test_a_chain_that_hits_is_never_given_up(frozen, monkeypatch):
+    from replay.text.template_concat import ChainMemo
+
+    monkeypatch.setattr(ChainMemo, "GIVE_UP", 3)
+    tools = [_tool("read")]
+    assert _both(TOOLS_LOOP, tools=tools)[0] == _both(TOOLS_LOOP, tools=tools)[1]  # (a miss, then a hit)
+    more = [_tool(f"t{i}") for i in range(10)]  # (ten misses after the hit)
+    fast, reference = _both(TOOLS_LOOP, tools=more)
+    assert fast == reference and len(render_template._CHAINS.texts) == 11
+
+
+def test_remembered_texts_are_bounded(frozen, monkeypatch):
+    from replay.text.template_concat import ChainMemo
+
+    monkeypatch.setattr(ChainMemo, "MAX_CHARS", 200)
+    tools = [_tool(f"t{i}", p={"type": "string", "description": "d" * 50}) for i in range(20)]
+    fast, reference = _both(TOOLS_LOOP, tools=tools)
+    memo = render_template._CHAINS
+    assert fast == reference and 0 < len(memo.texts) < 20 and memo.chars <= 200 + max(map(len, fast.split("\n")))
