@@ -25,9 +25,11 @@ Hugging Face ``tokenizers`` first cuts a text at its added tokens (leftmost
 longest) and encodes the text between them independently, so the rendered text
 is cut the same way here — at every added token that matches its plain
 content (not ``normalized``, no ``lstrip``/``rstrip``/``single_word``) — and
-each piece, the added tokens included, is a content-addressed segment encoded
-once. That is exact unless the tokenizer's encoding of a piece depends on
-where it sits in the whole text: a ``Metaspace`` pre-tokenizer that prefixes
+each piece is a content-addressed segment encoded once — a run of added
+tokens glued to the piece after it when both lie in one part (``_glued``:
+tokenizers cuts there anyway, and every later step works per segment). That
+is exact unless the tokenizer's encoding of a piece depends on where it sits
+in the whole text: a ``Metaspace`` pre-tokenizer that prefixes
 only the text's first word (``prepend_scheme: first``). Such a tokenizer, or one
 with no added token to cut at, encodes each request's whole text as one
 segment (slower, still exact). A template that puts no added token between
@@ -234,8 +236,11 @@ def freeze_inputs(on: bool) -> None:
 
 
 def forget_frozen() -> None:
-    """Drop what is remembered per object (the caller lets go of its objects)."""
+    """Drop what is remembered per object (the caller lets go of its objects),
+    and the glued pieces (``_glued``: memory given back with the rest)."""
     _TOJSON_MEMO.clear()
+    _GLUED.clear()
+    _GLUED_CHARS[0] = 0
     _MAPPED.clear()
     _TRACKED.clear()
     if _CHAINS is not None:
@@ -441,10 +446,48 @@ def pieces_of(splitter: Splitter, chunks: list[tuple[str, int]], origin: list[in
         pos += len(c)
     at, pieces = splitter.memo.pieces(text, starts[1:])
     if len(parts) <= 1:
-        part = parts[0] if parts else 0
-        return [("text", piece, part) for piece in pieces]
-    of = np.asarray(parts)[np.searchsorted(np.asarray(starts), np.asarray(at), "right") - 1].tolist()
-    return [("text", piece, part) for piece, part in zip(pieces, of)]
+        of = [parts[0] if parts else 0] * len(pieces)
+    else:
+        of = np.asarray(parts)[np.searchsorted(np.asarray(starts), np.asarray(at), "right") - 1].tolist()
+    return _glued(pieces, of, splitter.cut_at)
+
+
+#: runs of pieces glued before → their text (the same string each time: its hash is computed once)
+_GLUED: dict[tuple, str] = {}
+_GLUED_CHARS = [0]
+_GLUED_MAX_CHARS = 8_000_000
+
+
+def _glued(pieces: list[str], of: list[int], cut_at: set) -> list[Piece]:
+    """The pieces as ``("text", str, part)``, each run of added tokens glued to
+    the piece after it when all are in one part: ``tokenizers`` cuts at an
+    added token anyway, so the glued text's ids are the token's, then the
+    rest's — the same ids in fewer segments."""
+    out = []
+    n, i = len(pieces), 0
+    while i < n:
+        p, part = pieces[i], of[i]
+        if p in cut_at:
+            j = i + 1
+            while j < n and of[j] == part and pieces[j] in cut_at:
+                j += 1
+            if j < n and of[j] == part:
+                j += 1
+            if j - i > 1:
+                key = tuple(pieces[i:j])
+                text = _GLUED.get(key)
+                if text is None:
+                    if _GLUED_CHARS[0] > _GLUED_MAX_CHARS:
+                        _GLUED.clear()
+                        _GLUED_CHARS[0] = 0
+                    text = _GLUED[key] = "".join(key)
+                    _GLUED_CHARS[0] += len(text)
+                out.append(("text", text, part))
+                i = j
+                continue
+        out.append(("text", p, part))
+        i += 1
+    return out
 
 
 class TemplateRenderer:
