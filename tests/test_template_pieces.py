@@ -1,9 +1,12 @@
-"""A rendered request's pieces glued.
+"""A rendered request's pieces glued, and the compiled tracked message.
 
 ``render_template._glued`` glues each run of added tokens to the piece after
 it when all lie in one part: checked against a brute-force statement of that
 rule on random pieces, on hand-made edges, and (end to end) on the shipped
 DeepSeek tokenizer — the glued pieces' ids, put together, are the whole text's.
+``replay.text._rendering`` (compiled, when built) glues the same way, and
+notes reads and subscribes as the Python ``_PyTracked`` and the sandbox's
+``getitem`` do.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from replay.text import render_template
+from replay.text import render_template, template_env
 from replay.text.render_template import _glued
 
 CUT = {"<s>", "<u>", "<t>"}
@@ -45,8 +48,17 @@ def _got(pieces, parts):
     return [(t, p) for _, t, p in _glued(pieces, parts, CUT)]
 
 
+@pytest.fixture(params=["compiled", "python"])
+def both_glues(request, monkeypatch):
+    """``_glued`` compiled (when built) and in Python."""
+    if request.param == "compiled":
+        _compiled()
+    else:
+        monkeypatch.setattr(render_template, "_compiled_glued", None)
+
+
 @pytest.mark.parametrize("seed", range(30))
-def test_glued_pieces_follow_the_rule(seed):
+def test_glued_pieces_follow_the_rule(seed, both_glues):
     rng = random.Random(seed)
     words = sorted(CUT) + ["hello", "x", "\n", "line\n", "é"]
     pieces = [rng.choice(words) for _ in range(rng.randrange(0, 40))]
@@ -56,7 +68,7 @@ def test_glued_pieces_follow_the_rule(seed):
     assert "".join(t for t, _ in got) == "".join(pieces)
 
 
-def test_glued_edges():
+def test_glued_edges(both_glues):
     assert _got([], []) == []
     assert _got(["<s>"], [0]) == [("<s>", 0)]
     assert _got(["<s>", "hi"], [0, 0]) == [("<s>hi", 0)]
@@ -66,7 +78,7 @@ def test_glued_edges():
     assert _got(["<t>", "<s>", "x"], [0, 1, 1]) == [("<t>", 0), ("<s>x", 1)]
 
 
-def test_glued_text_is_the_same_string_next_time():
+def test_glued_text_is_the_same_string_next_time(both_glues):
     a = _glued(["<s>", "tail " * 50], [0, 0], CUT)[0][1]
     b = _glued(["<s>", "tail " * 50], [0, 0], CUT)[0][1]
     assert a == b and a is b  # (its hash is computed once)
@@ -98,3 +110,84 @@ def test_glued_pieces_tokenize_as_the_whole_text():
     assert any(t not in cut_at and t[:1] == "<" and any(t.startswith(c) for c in cut_at) for t in texts)  # (glued)
     ids = [i for t in texts for i in ref.encode(t, add_special_tokens=False).ids]
     assert ids == ref.encode("".join(texts), add_special_tokens=False).ids
+
+
+# --------------------------------------------------------------------------- the compiled tracked message
+
+def _compiled():
+    try:
+        from replay.text import _rendering
+    except ImportError:
+        pytest.skip("replay.text._rendering is not built (setup.py)")
+    return _rendering
+
+
+def _reads(cls, reads):
+    w = [None, None, None, False]
+    msgs = []
+    for j in range(3):
+        m = cls({"role": "user", "content": f"c{j}", "tool_calls": None})
+        m._index, m._w = j, w
+        msgs.append(m)
+    seen = []
+    for j, how, key in reads:
+        m = msgs[j]
+        try:
+            got = m[key] if how == "item" else m.get(key, "dflt")
+        except KeyError:
+            got = "KeyError"
+        seen.append((got, tuple(w)))
+        if len(seen) % 3 == 0:  # (a chunk written: a new window)
+            w[1] = w[2] = None
+            w[3] = False
+    return seen
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_compiled_tracked_notes_reads_as_the_python_one(seed):
+    tracked = _compiled()
+    rng = random.Random(seed)
+    reads = [(rng.randrange(3), rng.choice(["item", "get"]), rng.choice(["role", "content", "tool_calls", "nope"]))
+             for _ in range(40)]
+    assert _reads(tracked.Tracked, reads) == _reads(render_template._PyTracked, reads)
+
+
+SUBSCRIPTS = [
+    ("{{ d['k'] }}|{{ d['nope'] is defined }}|{{ d[1] }}", {"d": {"k": "v", 1: "one"}}),
+    ("{{ l[0] }}{{ l[-1] }}{{ l[5] is defined }}{{ l[1:] }}{{ l['x'] is defined }}", {"l": [1, 2, 3]}),
+    ("{{ t[0] }}{{ s[1] }}{{ s[9] is defined }}{{ s[::-1] }}", {"t": ("a", "b"), "s": "héllo"}),
+    ("{{ d['items'] is defined }}{{ d['__class__'] is defined }}", {"d": {}}),
+    ("{{ n[0] is defined }}{{ u['x'] is defined }}", {"n": 5}),
+    ("{{ d[[1]] }}", {"d": {"a": 1}}),  # an unhashable key
+]
+
+
+@pytest.mark.parametrize("source,variables", SUBSCRIPTS)
+def test_subscripts_render_as_in_transformers_environment(source, variables):
+    out = []
+    for template in (render_template._fast_compiled(source), template_env.environment().from_string(source)):
+        try:
+            out.append(template.render(**variables))
+        except Exception as exc:  # noqa: BLE001 - compared by type
+            out.append(("raised", type(exc).__name__))
+    assert out[0] == out[1]
+
+
+def test_rendering_with_the_python_tracked_gives_the_same_chunks(monkeypatch):
+    """The same chunks, attributed to the same messages, whichever tracked
+    message (and item lookup) renders them."""
+    _compiled()
+    source = V31.read_text(encoding="utf-8")
+    tpl = render_template.ChatTemplate(source, "v31", {"bos_token": "<｜begin▁of▁sentence｜>"})
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+                {"role": "tool", "content": "out"}, {"role": "assistant", "content": "x</think>done"},
+                {"role": "user", "content": "again"}]
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}]
+    compiled = render_template.render_messages(tpl, messages, tools, 0)
+    monkeypatch.setattr(render_template, "_Tracked", render_template._PyTracked)
+    monkeypatch.setattr(render_template, "_make_getitem", None)
+    monkeypatch.setattr(render_template, "_compiled_glued", None)
+    monkeypatch.setattr(render_template, "_FAST", {})
+    assert render_template.render_messages(tpl, messages, tools, 0) == compiled

@@ -298,6 +298,8 @@ def _fast_compiled(source: str):
         return slow_getattr(obj, attribute)
 
     env.getattr = getattr_
+    if _make_getitem is not None:
+        env.getitem = _make_getitem(env.getitem)
     tojson = base.filters["tojson"]
 
     def tojson_(x, *args, **kwargs):
@@ -340,10 +342,11 @@ def template_now(ts_us: int | None) -> dict:
 _CONTENT_KEYS = frozenset(("content", "tool_calls", "reasoning_content"))
 
 
-class _Tracked(dict):
+class _PyTracked(dict):
     """A message that notes its reads in the window ``w`` shared by all
     messages: ``[last read, first read, last content-like read, several read]``
-    (indices; ``render_chunks`` opens a new window at each written chunk)."""
+    (indices; ``render_chunks`` opens a new window at each written chunk).
+    ``replay.text._rendering.Tracked`` is the same compiled (used when built)."""
     __slots__ = ("_index", "_w")
 
     def _note(self, key) -> None:
@@ -363,6 +366,12 @@ class _Tracked(dict):
     def get(self, key, default=None):
         self._note(key)
         return dict.get(self, key, default)
+
+
+try:  # (compiled: no Python frame per read or bytecode loop per piece; setup.py)
+    from replay.text._rendering import Tracked as _Tracked, glued as _compiled_glued, make_getitem as _make_getitem
+except ImportError:  # pragma: no cover - the extension is optional
+    _Tracked, _compiled_glued, _make_getitem = _PyTracked, None, None
 
 
 def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | None
@@ -463,6 +472,8 @@ def _glued(pieces: list[str], of: list[int], cut_at: set) -> list[Piece]:
     the piece after it when all are in one part: ``tokenizers`` cuts at an
     added token anyway, so the glued text's ids are the token's, then the
     rest's — the same ids in fewer segments."""
+    if _compiled_glued is not None:
+        return _compiled_glued(pieces, of, cut_at, _GLUED, _GLUED_CHARS, _GLUED_MAX_CHARS)
     out = []
     n, i = len(pieces), 0
     while i < n:
