@@ -54,7 +54,7 @@ def both_glues(request, monkeypatch):
     if request.param == "compiled":
         _compiled()
     else:
-        monkeypatch.setattr(render_template, "_compiled_glued", None)
+        monkeypatch.setattr(render_template, "_compiled", None)
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -159,6 +159,13 @@ SUBSCRIPTS = [
     ("{{ d['items'] is defined }}{{ d['__class__'] is defined }}", {"d": {}}),
     ("{{ n[0] is defined }}{{ u['x'] is defined }}", {"n": 5}),
     ("{{ d[[1]] }}", {"d": {"a": 1}}),  # an unhashable key
+    # attributes and namespaces (the compiled getattr and assignment), tojson (the compiled filter)
+    ("{{ d.k }}{{ d.items is defined }}{{ d.nope is defined }}{{ d.__class__ is defined }}", {"d": {"k": "v"}}),
+    ("{% set ns = namespace(a=1, b=[1], f=none) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}{{ ns.b }}{{ ns.f }}"
+     "{{ ns.c is defined }}", {}),
+    ("{% set ns = namespace() %}{% set ns._x = 1 %}{{ ns._x }}", {}),
+    ("{% set ns = namespace(d={'k': 2}) %}{{ ns.d.k }}{{ ns.d | tojson }}", {}),
+    ("{{ d | tojson }}{{ l | tojson(indent=2) }}{{ 5 | tojson }}{{ 'é' | tojson }}", {"d": {"b": 1, "a": [1]}, "l": [1]}),
 ]
 
 
@@ -184,7 +191,6 @@ def test_rendering_with_the_python_tracked_gives_the_same_chunks(monkeypatch):
     tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {}}}]
     compiled = render_template.render_messages(tpl, messages, tools, 0)
     monkeypatch.setattr(render_template, "_Tracked", render_template._PyTracked)
-    monkeypatch.setattr(render_template, "_make_getitem", None)
-    monkeypatch.setattr(render_template, "_compiled_glued", None)
+    monkeypatch.setattr(render_template, "_compiled", None)
     monkeypatch.setattr(render_template, "_FAST", {})
     assert render_template.render_messages(tpl, messages, tools, 0) == compiled

@@ -1,9 +1,11 @@
 # cython: language_level=3
+from cpython.object cimport PyObject_GenericGetAttr
 """Compiled twins of hot spots of rendering with a chat template
 (``replay.text.render_template``, which falls back to its Python versions
-when this extension is not built): the tracked message, the sandbox's item
-lookup, and the gluing of pieces. Same behaviour, without a Python frame per
-read or a bytecode loop per piece."""
+when this extension is not built): the tracked message, the item and
+attribute lookups, a namespace's assignment, the remembered ``tojson``, and
+the gluing of pieces. Same behaviour, without a Python frame per read or a
+bytecode loop per piece."""
 
 cdef frozenset _CONTENT_KEYS = frozenset(("content", "tool_calls", "reasoning_content"))
 
@@ -51,6 +53,52 @@ def make_getitem(slow):
                 pass
         return slow(obj, argument)
     return getitem
+
+
+def make_getattr(frozenset dict_names, frozenset read_names, tuple namespaces, tuple plain, undefined, slow):
+    """``render_template._fast_compiled``'s ``getattr_`` (see there)."""
+    def getattr_(obj, attribute):
+        t = type(obj)
+        if t is dict or t is Tracked:
+            if attribute not in (dict_names if t is dict else read_names):
+                try:
+                    return obj[attribute]
+                except KeyError:
+                    return undefined(obj=obj, name=attribute)
+        elif t in namespaces and attribute[:1] != "_":
+            attrs = PyObject_GenericGetAttr(obj, "_Namespace__attrs")
+            if attribute in attrs:
+                value = attrs[attribute]
+                if type(value) in plain:
+                    return value
+        return slow(obj, attribute)
+    return getattr_
+
+
+def make_ns_setitem(check_name):
+    """``FastNamespace.__setitem__`` (``render_template._fast_compiled``)."""
+    def __setitem__(self, name, value):
+        if type(name) is not str or name[:1] == "_":
+            check_name(name)
+        PyObject_GenericGetAttr(self, "_Namespace__attrs")[name] = value
+    return __setitem__
+
+
+def make_tojson(tojson, list frozen, dict memo, Py_ssize_t max_entries):
+    """``render_template._fast_compiled``'s ``tojson_`` (see there)."""
+    def tojson_(x, *args, **kwargs):
+        t = type(x)
+        if not frozen[0] or args or kwargs or not (t is dict or t is list):
+            return tojson(x, *args, **kwargs)
+        hit = memo.get(id(x))
+        if hit is not None and hit[0] is x:
+            return hit[1]
+        out = tojson(x)
+        if len(memo) >= max_entries:
+            memo.clear()
+        memo[id(x)] = (x, out)
+        return out
+    return tojson_
 
 
 def glued(list pieces, list of, cut_at, dict memo, list chars, Py_ssize_t max_chars):

@@ -274,6 +274,9 @@ def _fast_compiled(source: str):
                     check_name(name)  # (raises for a name the sandbox refuses)
                 object.__getattribute__(self, "_Namespace__attrs")[name] = value
 
+            if _compiled is not None:
+                __setitem__ = _compiled.make_ns_setitem(check_name)  # noqa: F811 - the same, compiled
+
         env.globals["namespace"] = FastNamespace
         namespaces = (namespace, FastNamespace)
     else:
@@ -298,8 +301,6 @@ def _fast_compiled(source: str):
         return slow_getattr(obj, attribute)
 
     env.getattr = getattr_
-    if _make_getitem is not None:
-        env.getitem = _make_getitem(env.getitem)
     tojson = base.filters["tojson"]
 
     def tojson_(x, *args, **kwargs):
@@ -315,6 +316,10 @@ def _fast_compiled(source: str):
         return out
 
     env.filters["tojson"] = tojson_
+    if _compiled is not None:  # (the same three, compiled)
+        env.getattr = _compiled.make_getattr(dict_names, read_names, namespaces, plain, undefined, slow_getattr)
+        env.getitem = _compiled.make_getitem(env.getitem)
+        env.filters["tojson"] = _compiled.make_tojson(tojson, _FROZEN, _TOJSON_MEMO, _TOJSON_MEMO_MAX)
     from replay.text import template_concat  # (jinja2's compiler: templates only)
 
     env.code_generator_class = template_concat.ConcatGenerator  # (chains of ``+`` joined at once)
@@ -369,9 +374,10 @@ class _PyTracked(dict):
 
 
 try:  # (compiled: no Python frame per read or bytecode loop per piece; setup.py)
-    from replay.text._rendering import Tracked as _Tracked, glued as _compiled_glued, make_getitem as _make_getitem
+    from replay.text import _rendering as _compiled
 except ImportError:  # pragma: no cover - the extension is optional
-    _Tracked, _compiled_glued, _make_getitem = _PyTracked, None, None
+    _compiled = None
+_Tracked = _compiled.Tracked if _compiled is not None else _PyTracked
 
 
 def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | None
@@ -472,8 +478,8 @@ def _glued(pieces: list[str], of: list[int], cut_at: set) -> list[Piece]:
     the piece after it when all are in one part: ``tokenizers`` cuts at an
     added token anyway, so the glued text's ids are the token's, then the
     rest's — the same ids in fewer segments."""
-    if _compiled_glued is not None:
-        return _compiled_glued(pieces, of, cut_at, _GLUED, _GLUED_CHARS, _GLUED_MAX_CHARS)
+    if _compiled is not None:
+        return _compiled.glued(pieces, of, cut_at, _GLUED, _GLUED_CHARS, _GLUED_MAX_CHARS)
     out = []
     n, i = len(pieces), 0
     while i < n:
