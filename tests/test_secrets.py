@@ -663,11 +663,14 @@ def test_a_short_masked_text_cannot_be_guessed_from_its_hash(world, tmp_path):
     assert run.code == 0, run.texts()
     shown = re.findall(r"⟨(\d+) chars: [a-z+]+ #([0-9a-f]{6})⟩", run.res.stdout)
     short = {h for n, h in shown if int(n) <= 2}
-    assert short, "no short masked text to try"
+    assert len(short) >= 5, "too few short masked texts to try"
     alphabet = string.ascii_letters + string.digits + string.punctuation + " "
     guesses = {hashlib.blake2b(g.encode(), digest_size=3).hexdigest()
                for g in itertools.chain(alphabet, (a + b for a in alphabet for b in alphabet))}
-    assert not short & guesses
+    # Unkeyed, every short hash would be among the guesses' hashes. Keyed, one
+    # of them is by chance with probability 9,120 / 2**24 (some 1 % of runs
+    # over two dozen hashes); three, about once in three million runs.
+    assert len(short & guesses) <= 2, (len(short & guesses), len(short))
 
 
 # ----------------------------------------------------------------- --show-text does show it
