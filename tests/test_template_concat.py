@@ -207,3 +207,33 @@ def test_remembered_texts_are_bounded(frozen, monkeypatch):
     fast, reference = _both(TOOLS_LOOP, tools=tools)
     memo = render_template._CHAINS
     assert fast == reference and 0 < len(memo.texts) < 20 and memo.chars <= 200 + max(map(len, fast.split("\n")))
+
+
+def test_a_text_built_in_a_loop_is_each_steps_string_again(frozen):
+    """The same tools again: each step's sum is the very string of the last
+    render (nothing copied), and the text is transformers'; a new first
+    operand (another header) is summed afresh."""
+    tools = [_tool(f"t{i}", p={"type": "string"}) for i in range(4)]
+    first = _both(TOOLS_LOOP, tools=tools)  # (the texts remembered)
+    second = _both(TOOLS_LOOP, tools=tools)  # (the sums remembered)
+    memo = render_template._CHAINS
+    sums = {k: v[2] for k, v in memo.sums.items()}
+    again = _both(TOOLS_LOOP, tools=tools)
+    assert again == second == first and first[0] == first[1] and len(sums) == 4
+    assert sums and all(memo.sums[k][2] is v for k, v in sums.items())  # (the same objects: none made again)
+    headed = TOOLS_LOOP.replace("t='T:'", "t=head")
+    for head in ("T:", "U:", "U:", "".join(["T", ":"])):  # (another first operand, equal or not: summed afresh)
+        fast, reference = _both(headed, tools=tools, head=head)
+        assert fast == reference and fast.startswith(head)
+
+
+def test_remembered_sums_are_bounded(frozen, monkeypatch):
+    from replay.text.template_concat import ChainMemo
+
+    monkeypatch.setattr(ChainMemo, "SUM_CHARS", 300)
+    tools = [_tool(f"t{i}", p={"type": "string", "description": "d" * 50}) for i in range(20)]
+    for _ in range(3):
+        fast, reference = _both(TOOLS_LOOP, tools=tools)
+        assert fast == reference
+    memo = render_template._CHAINS
+    assert 0 < len(memo.sums) < 20 and memo.sum_chars <= 300 + len(fast)

@@ -82,6 +82,8 @@ class ChainMemo:
 
     #: characters of remembered texts (then all are forgotten)
     MAX_CHARS = 16_000_000
+    #: characters of remembered sums (``first`` and the text after it: then all are forgotten)
+    SUM_CHARS = 4_000_000
     #: a chain missed this often without a hit is no longer tried (its objects are new each time)
     GIVE_UP = 1_000
 
@@ -94,6 +96,8 @@ class ChainMemo:
         self.json: dict[int, tuple] = {}  # id → (object, held; is it JSON data)
         self.misses: dict[int, int] = {}  # chain number → misses while it has had no hit (-1: it has)
         self.chars = 0
+        self.sums: dict[tuple, tuple] = {}  # (key, id of first) → (first and the roots, held; first + the text)
+        self.sum_chars = 0
 
     def __call__(self, number: int, first, roots: tuple, rest, whole):
         if type(first) is not str or not self.frozen[0]:
@@ -102,7 +106,19 @@ class ChainMemo:
         hit = self.texts.get(key)
         if hit is not None:  # (the entry holds its roots: their ids name no other object meanwhile)
             self.misses[number] = -1  # (it hits: never given up)
-            return first + hit[1]
+            # the very string this sum gave before: a text built in a loop (a tools block)
+            # is then each step's string again, and no step copies the text so far
+            at = (key, id(first))
+            got = self.sums.get(at)
+            if got is not None and got[0] is first:
+                return got[2]
+            out = first + hit[1]
+            if self.sum_chars > self.SUM_CHARS:
+                self.sums.clear()
+                self.sum_chars = 0
+            self.sums[at] = (first, hit[0], out)
+            self.sum_chars += len(out)
+            return out
         misses = self.misses.get(number, 0)
         if misses > self.GIVE_UP:
             return whole()
