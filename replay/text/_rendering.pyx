@@ -1,11 +1,12 @@
 # cython: language_level=3
-from cpython.object cimport PyObject_GenericGetAttr
 """Compiled twins of hot spots of rendering with a chat template
 (``replay.text.render_template``, which falls back to its Python versions
 when this extension is not built): the tracked message, the item and
 attribute lookups, a namespace's assignment, the remembered ``tojson``, and
 the gluing of pieces. Same behaviour, without a Python frame per read or a
 bytecode loop per piece."""
+
+from cpython.object cimport PyObject_GenericGetAttr
 
 cdef frozenset _CONTENT_KEYS = frozenset(("content", "tool_calls", "reasoning_content"))
 
