@@ -1,5 +1,5 @@
 """Provider and engine profiles: each a small, documented set of rules layered on
-the semantics contract (``../shared/docs/semantics.md``), never a change to it.
+the semantics contract (``docs/semantics.md``), never a change to it.
 This module is the table of profiles; ``replay.providers.profiles`` computes
 with them (``profile_sweep(con, ["ideal", "deepseek", "anthropic-sonnet-4-5"], Grid())``).
 
