@@ -52,6 +52,9 @@ from replay.providers.auto import AUTO, describe as describe_auto  # noqa: F401
 from replay.providers.catalog import model_family  # noqa: F401
 from replay.providers.model_savings import auto_frame, model_savings, savings_section  # noqa: F401
 from replay.readers.files import InputUnreachable  # noqa: F401
+from replay.providers.realised import JSON_KEYS as REALISED_KEYS, judged as realised_requests  # noqa: F401
+from replay.providers.realised import realised  # noqa: F401
+from replay.analysis.realised import realised_section, session_frame as realised_sessions  # noqa: F401
 from replay.readers.formats import FORMATS, TIME_UNITS  # noqa: F401
 from replay.readers.ingest import IngestSummary, summary_text  # noqa: F401
 from replay.readers.ingest import ingest as _ingest

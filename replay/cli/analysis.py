@@ -44,6 +44,44 @@ def diagnose(logs, db_path, fmt, fields, time_unit, tokenizer, ttl, block, min_p
         click.echo(api.format_text(res))
 
 
+@click.command("realised")
+@click.argument("logs", nargs=-1)
+@db_option
+@ingest_options
+@click.option("--json", "as_json", is_flag=True,
+              help="Print exactly a JSON array: one object per (provider, model) and one per provider "
+                   "with \"model\": \"*\".")
+def realised(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
+    """Predicted against realised: what each provider's rules predict (as under
+    --profile auto, with the client's breakpoints and the parts the log does not
+    hold inferred from usage) beside what the provider cached, per provider and
+    model. Needs logs with the provider's usage (Claude Code transcripts, Codex
+    rollouts, agent trajectories, chat logs with usage).
+
+    Given LOGS, they are ingested first (into --db).
+
+    \b
+      replay realised ~/.claude/projects/
+      replay realised ~/.codex/sessions/ --json
+    """
+    con = api.open_db(db_path)
+    load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
+    rows = api.realised(con, tokenizer=tokenizer, progress=not as_json)
+    if as_json:
+        click.echo(json.dumps(rows, ensure_ascii=False))
+        return
+    if not rows:
+        raise click.ClickException("no request in the database carries the provider's usage: nothing to compare")
+    click.echo(f"{'provider':<10} {'model':<32} {'requests':>8} {'predicted':>9} {'realised':>8} {'gap':>6} "
+               f"{'inferred':>8}")
+    for r in rows:
+        click.echo(f"{r['provider']:<10} {r['model']:<32} {r['requests']:>8,} {100 * r['predicted_hit_ratio']:>8.1f}% "
+                   f"{100 * r['realised_hit_ratio']:>7.1f}% {r['gap_points']:>+6.2f} {100 * r['inferred_share']:>7.1f}%")
+        parts = ", ".join(f"{k} {v:+.2f}" for k, v in r["gap_parts"].items() if abs(v) >= 0.005)
+        if parts:
+            click.echo(f"{'':<10} gap parts (points): {parts}")
+
+
 @click.command("whatif")
 @click.argument("logs", nargs=-1)
 @db_option

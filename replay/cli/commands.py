@@ -27,7 +27,8 @@ def ingest(logs, db_path, fmt, fields, time_unit, tokenizer, as_json, engine, ad
     reason; re-ingesting a file already loaded does nothing.
     """
     def report(s):
-        click.echo(json.dumps({"files": s.files, "lines": s.lines, "loaded": s.loaded, "rejected": s.rejected,
+        click.echo(json.dumps({"files": s.files, "lines": s.lines, "loaded": s.loaded, "context": s.context,
+                               "rejected": s.rejected,
                                "skipped_files": s.skipped_files, "by_reason": dict(s.rejected_by_reason),
                                "unordered_files": [{"path": p, "order": o} for p, o in s.unordered_files]}))
 
@@ -120,6 +121,7 @@ def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer
             lambda con, out: api.memory_section(con, out, g, kv[0], kv[1], tokenizer=tokenizer),
             lambda con, out: api.duplicates_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.validation_section(con, out),
+            lambda con, out: api.realised_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.savings_section(con, out, price_model=price_model, prices_path=prices),
             lambda con, out: api.trend_section(con, out, g, price_model=price_model, prices_path=prices),
             lambda con, out: api.prefixes_section(con, out, g, tokenizer=tokenizer)]

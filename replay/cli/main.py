@@ -59,7 +59,7 @@ def main():
 
 
 for _command in (commands.ingest, commands.tokenize, commands.sweep, commands.run, commands.report,
-                 commands.profiles_cmd, commands.synth, analysis.diagnose, analysis.whatif, analysis.diff,
+                 commands.profiles_cmd, commands.synth, analysis.diagnose, analysis.realised, analysis.whatif, analysis.diff,
                  analysis.validate, analysis.capacity, duplicates.duplicates, export.export, trend.trend,
                  prefixes.prefixes, show.show):
     main.add_command(_command)

@@ -88,6 +88,16 @@ ANTHROPIC_MIN_TOKENS: dict[str, int] = {
     "haiku-3": 2048,
 }
 
+#: Gemini implicit caching: minimum input tokens by model (ai.google.dev/gemini-api/docs/caching,
+#: pages of 2026-05 and 2026-10; the table changes between generations — keep it a table).
+GEMINI_MIN_TOKENS: dict[str, int] = {
+    "3-pro": 4096,
+    "3-1-pro": 4096,
+    "3-flash": 1024,
+    "2-5-pro": 4096,
+    "2-5-flash": 1024,
+}
+
 #: OpenAI models given a profile (all share the same caching rules).
 OPENAI_MODELS = ("gpt-5", "gpt-5-mini", "gpt-4.1", "gpt-4.1-mini", "gpt-4o")
 
@@ -177,6 +187,45 @@ def _base_profiles() -> dict[str, Profile]:
             overrides="block (1024 then 128-token increments), min_prefix=1024, stream=org+key",
             sources="platform.openai.com/docs/guides/prompt-caching (2025-26)",
             params={"replicas": 1, "rpm": 15, "route_tokens": 256})
+    p.update(_client_profiles())
+    return p
+
+
+def _client_profiles() -> dict[str, Profile]:
+    """The providers as coding agents use them: what ``replay realised`` judges by
+    (``replay.providers.client_rules``; the evidence in docs/realised.md)."""
+    p: dict[str, Profile] = {}
+    p["anthropic-claude-code"] = Profile(
+        "anthropic-claude-code", "anthropic",
+        "Anthropic as Claude Code uses it: breakpoints at the end of the tools + system prefix (hidden in "
+        "transcripts: an opaque run, its length inferred from the first call's usage) and at the last content "
+        "block; 20-block lookback; the model's minimum; 5 min refreshed on hit or 1 h, as each call's usage "
+        "split shows it wrote",
+        block=1, ttl_fixed=True, honours="stream (tenant = the account)",
+        overrides="block=1 (hits at breakpoints), min_prefix=the model's, ttl=from the usage split",
+        sources="docs.anthropic.com prompt-caching (read 2026-12); 98 Claude Code transcripts (docs/realised.md)",
+        params={"auto": 1, "lookback": 20})
+    p["openai-responses"] = Profile(
+        "openai-responses", "openai",
+        "OpenAI automatic caching as the Responses API applies it (Codex CLI): ≥1024 tokens, 128-token "
+        "increments, routed by prefix + prompt_cache_key (Codex: the conversation id), in-memory retention "
+        "(10 min idle, refreshed on hit; extended 24 h not assumed); tool definitions hidden in rollouts: an "
+        "opaque run inferred from the first call's usage; encrypted reasoning an opaque run of the call's "
+        "reasoning tokens",
+        block=1, min_prefix=1024, step=128, streams=("org+key",),
+        honours="ttl", overrides="block (1024 then 128-token increments), min_prefix=1024, stream=org+key",
+        sources="platform.openai.com/docs/guides/prompt-caching (read 2026-12); 10 Codex rollouts",
+        params={"replicas": 1, "rpm": 15, "route_tokens": 256})
+    for fam, m in GEMINI_MIN_TOKENS.items():
+        name = f"gemini-{fam}"
+        p[name] = Profile(
+            name, "gemini",
+            f"Gemini {fam.replace('-', '.')} implicit caching: minimum {m} tokens, hits in 2048-token blocks, "
+            "a separate cache per serving backend (OpenRouter's provider), TTL 1 h (none documented)",
+            block=1, min_prefix=m, ttl_fixed=True, honours="stream",
+            overrides=f"min_prefix={m}, block=2048 provider tokens, ttl=1h, cache per backend",
+            sources="ai.google.dev/gemini-api/docs/caching (2026-05, 2026-10); the 2048-token blocks from 100 "
+                    "mini-swe-agent runs through OpenRouter (docs/realised.md)")
     return p
 
 
@@ -234,7 +283,7 @@ def judging_config(prof: Profile) -> tuple[float, int, int]:
     """(ttl, block, min_prefix) a profile is judged at when none is given: its fixed
     block and minimum, else token level with no minimum; the provider's TTL
     (OpenAI's guaranteed in-memory 5 min, Anthropic's default 5 min), else no expiry."""
-    ttl = 300.0 if prof.kind in ("openai", "anthropic") else math.inf
+    ttl = 300.0 if prof.kind in ("openai", "anthropic") else 3600.0 if prof.kind == "gemini" else math.inf
     return ttl, prof.block or 1, prof.min_prefix or 0
 
 
@@ -257,7 +306,8 @@ class ModelFamily:
     note: str
 
 
-_GATEWAY = re.compile(r"^(?:[a-z]{2,4}\.)?(?:anthropic|openai|deepseek|azure|bedrock|vertex_ai|openrouter|litellm)[./]")
+_GATEWAY = re.compile(r"^(?:[a-z]{2,4}\.)?(?:anthropic|openai|deepseek|azure|bedrock|vertex_ai|openrouter|litellm|google)"
+                      r"[./]")
 _SUFFIX = re.compile(r"(?:@.*|-v\d+:\d+|-\d{8}|-\d{4}-\d{2}-\d{2}|-latest)$")  # Vertex, Bedrock, dates
 _CLAUDE_OLD = re.compile(r"^claude-(\d+)(?:[-.](\d+))?-(haiku|sonnet|opus)$")  # claude-3-5-haiku
 _CLAUDE_NEW = re.compile(r"^claude-(haiku|sonnet|opus)-(\d+)(?:[-.](\d+))?$")  # claude-haiku-4-5
@@ -291,6 +341,7 @@ def model_family(model: str | None) -> ModelFamily:
     | any other ``claude-*`` | anthropic | ``ideal`` (the generation's minimum is not in the table: said so) |
     | ``gpt-4o*``, ``gpt-4.1*``, ``gpt-5*``, ``o1``–``o4*``, ``chatgpt-*``, ``codex-*`` | openai | ``openai-<name>`` |
     | ``gpt-3.5*``, ``gpt-4``, ``gpt-4-*`` | openai | ``ideal`` (no documented prompt caching: said so) |
+    | ``gemini-<generation>*`` in :data:`GEMINI_MIN_TOKENS` | google | ``gemini-<generation>`` |
     | ``deepseek*`` | deepseek | ``deepseek`` |
     | anything else, or no model | unknown | ``ideal``, said so — never another provider's rules |
     """
@@ -312,6 +363,14 @@ def model_family(model: str | None) -> ModelFamily:
     if _OPENAI.match(name):
         return ModelFamily(model, name, "openai", f"openai-{name}", True,
                            "OpenAI, automatic ≥1024 tokens, 128-token increments, organisation + key")
+    if name.startswith("gemini-"):
+        gen = name[len("gemini-"):].replace(".", "-")
+        for fam in sorted(GEMINI_MIN_TOKENS, key=len, reverse=True):
+            if gen.startswith(fam):
+                return ModelFamily(model, name, "google", f"gemini-{fam}", True,
+                                   f"Google, implicit caching, minimum {GEMINI_MIN_TOKENS[fam]} tokens, per backend")
+        return ModelFamily(model, name, "google", "ideal", False,
+                           f"a Gemini model whose minimum is not in the table: {ideal}")
     if name.startswith("deepseek") and "/" not in name:  # the API's names (a Hugging Face id is self-hosted)
         return ModelFamily(model, name, "deepseek", "deepseek", True, "DeepSeek, 64-token units, prompt + output")
     return ModelFamily(model, name, "unknown", "ideal", False, f"unknown model: {ideal}")

@@ -54,7 +54,7 @@ def request_hits(con, profile: str | Profile, grid: Grid | None = None, tokenize
         df = _walk_hits(con, prof, grid)
     else:
         prepare(con, modes=(), tokenizer=tokenizer, progress=progress)  # prompts only
-        sim = {"openai": _openai_sim, "mlx": _mlx_sim, "anthropic": _anthropic_sim}[prof.kind]
+        sim = {"openai": _openai_sim, "mlx": _mlx_sim, "anthropic": _anthropic_sim, "gemini": _gemini_sim}[prof.kind]
         df = sim(con, prof, grid)
     if "write_5m" not in df.columns:
         df = df.with_columns((pl.col("prompt_tokens") - pl.col("hit")).alias("write_5m"),
@@ -164,6 +164,34 @@ def _openai_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
             L = hits.depth_under(gaps, depths, ttl_us(ttl))
             rows.append(("org+key", rid, part_of[rid], model, ts, n, float(ttl), 1, min_t,
                          openai_round(L, min_t, step)))
+    return _frame(rows)
+
+
+GEMINI_BLOCK = 2048  # the implicit cache's unit, in the provider's tokens (docs/realised.md)
+
+
+def _gemini_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
+    """Gemini implicit caching: the contract's walk per stream and serving backend
+    (a backend the log names has its own cache), hits in 2048-token blocks of the
+    provider's tokens (scaled to ours by the request's own token ratio when the log
+    has usage), 0 below the model's minimum; the grid's TTLs."""
+    min_t = int(prof.min_prefix or 0)
+    reqs = _sim_requests(con, with_output=False)
+    extra = dict((r[0], r[1:]) for r in con.execute(
+        "SELECT request_id, backend, usage_prompt_tokens FROM requests").fetchall())
+    rows = []
+    for mode in grid.streams:
+        prompts = [Prompt(r.request_id, r.ts, f"{r.stream(mode)}|backend:{extra[r.request_id][0]}", None, None,
+                          np.asarray(r.tokens), None, None, r.n_tokens, r.model) for r in reqs]
+        walks = replay_prompts(prompts, modes=("tenant",), variants=("prompt",))[("prompt", "tenant")]
+        for r, (rid, _s, model, ts, n, gaps, depths, _o) in zip(reqs, walks):
+            usage = extra[rid][1]
+            block = GEMINI_BLOCK * n / usage if usage else float(GEMINI_BLOCK)
+            size = usage if usage is not None else n
+            for ttl in grid.ttls:
+                L = hits.depth_under(gaps, depths, ttl_us(ttl))
+                hit = 0 if size < min_t else min(n, int((L // block) * block))
+                rows.append((mode, rid, r.stream(mode), model, ts, n, float(ttl), 1, min_t, hit))
     return _frame(rows)
 
 

@@ -39,6 +39,18 @@ class Reject(Exception):
         self.detail = detail
 
 
+class _Context:
+    """A unit that is neither a request nor a reject: a line of a session file that
+    is context for the requests around it (a user turn, a tool result, a progress
+    event). Counted in ``sources.context`` so that lines = loaded + context + rejected."""
+
+    def __repr__(self) -> str:
+        return "CONTEXT"
+
+
+CONTEXT = _Context()
+
+
 def too_deep(what: str = "the record") -> Reject:
     """A value that parsed, but nests too deeply to be serialized again: the parser
     and the serializer share Python's recursion limit, and the serializer runs

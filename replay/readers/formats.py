@@ -27,6 +27,8 @@ from replay.readers.traces import convert_mooncake, convert_tokens
 from replay.readers.trajectory import BASH_TOOL, convert_trajectory
 from replay.readers.gateways import convert_langfuse, convert_litellm, expand_langfuse, is_langfuse, is_litellm
 from replay.readers.otel import convert_otel, expand_otel, is_otel
+from replay.readers.claude_code import convert_claude_code, is_claude_code
+from replay.readers.codex import convert_codex, is_codex
 
 __all__ = [
     "FORMATS", "TIME_UNITS", "CONVERTERS", "BASH_TOOL",
@@ -43,6 +45,11 @@ DOCUMENT_FORMATS = ("trajectory", "kv-cache-tester")
 #: may hold many requests (an OTLP export's spans, an API page): EXPANDERS make each a unit
 GATEWAY_FORMATS = ("otel", "litellm", "langfuse")
 FORMATS = FORMATS + GATEWAY_FORMATS
+#: coding agents' session files: JSON Lines whose requests depend on the lines before
+#: them (a conversation tree, a history); SESSION_CONVERTERS read a whole file's units
+SESSION_FORMATS = ("claude-code", "codex")
+FORMATS = FORMATS + SESSION_FORMATS
+SESSION_CONVERTERS = {"claude-code": convert_claude_code, "codex": convert_codex}
 
 
 def detect_record(rec: Any, whole_document: bool = False) -> tuple[str | None, bool]:
@@ -60,6 +67,10 @@ def detect_record(rec: Any, whole_document: bool = False) -> tuple[str | None, b
         return "trajectory", True
     if whole_document and is_kv_trace(rec):
         return "kv-cache-tester", True
+    if is_claude_code(rec):
+        return "claude-code", True
+    if is_codex(rec):
+        return "codex", True
     if isinstance(rec.get("hash_ids"), list) and "input_length" in rec:
         return ("bailian" if "chat_id" in rec or "parent_chat_id" in rec else "mooncake"), True
     if isinstance(rec.get("hash_ids"), dict) and "input_length" in rec:
@@ -116,6 +127,8 @@ def convert_record(rec: Any, fmt: str | None, opts: Options) -> dict:
         raise Reject("wrong_type", "a line of RAGPulse's chunk lengths is side data of a trace, not a request")
     if fmt in DOCUMENT_FORMATS:
         raise Reject("wrong_type", f"a {fmt} record must be a whole JSON document, not one line of a file")
+    if fmt in SESSION_FORMATS:
+        raise Reject("wrong_type", f"a {fmt} line is read with the rest of its session file, not on its own")
     return CONVERTERS[fmt](rec, opts)
 
 

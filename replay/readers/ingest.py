@@ -2,7 +2,8 @@
 
 Every input unit (a JSONL line, a JSON-array element, a parquet row, a
 trajectory's assistant turn) is either loaded into `requests` or recorded in
-`rejects`, so `lines == loaded + rejected` for every new file. A file whose
+`rejects`, or is context (a line of a coding agent's session file that is
+not an API call), so `lines == loaded + context + rejected` for every new file. A file whose
 content (sha256, decompressed: a log and its compressed copy are one file) is
 already in `sources` is skipped, so re-ingesting never duplicates. Each file is loaded in one transaction (all or nothing); rows are
 inserted in Arrow batches.
@@ -51,14 +52,15 @@ class IngestSummary:
     lines: int = 0  # input units of the new files
     loaded: int = 0
     rejected: int = 0
+    context: int = 0  # lines of session files that are context, not requests
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
     # new files whose loaded units are not in time order: (path, 'reversed' | 'shuffled')
     # (replay.readers.timeorder; they are sorted on replay all the same)
     unordered_files: list[tuple[str, str]] = field(default_factory=list)
 
     def reconciles(self) -> bool:
-        """Every input unit of the new files was either loaded or rejected."""
-        return (self.lines == self.loaded + self.rejected
+        """Every input unit of the new files was loaded, context or rejected."""
+        return (self.lines == self.loaded + self.context + self.rejected
                 and sum(self.rejected_by_reason.values()) == self.rejected)
 
 
@@ -67,7 +69,8 @@ def summary_text(summary: IngestSummary) -> str:
     new = s.files - s.skipped_files
     lines = [
         f"files: {new} ingested, {s.skipped_files} skipped (already ingested)",
-        f"lines: {s.lines:,}  loaded: {s.loaded:,}  rejected: {s.rejected:,}"
+        f"lines: {s.lines:,}  loaded: {s.loaded:,}  "
+        + (f"context: {s.context:,}  " if s.context else "") + f"rejected: {s.rejected:,}"
         + ("" if s.reconciles() else "  (WARNING: counts do not reconcile)"),
     ]
     for reason, n in sorted(s.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0])):
@@ -307,9 +310,9 @@ class _Run:
         self.deferred.submit(self.con.execute, _FORGET_UNREADABLE, [printable_path(path)])  # readable now
         self.deferred.submit(self.con.execute,
                              "INSERT INTO sources (source_id, path, sha256, format, lines, loaded, rejected, "
-                             "time_unit, time_order) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             "time_unit, time_order, context) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              [sid, printable_path(path), sha, stats.format, stats.lines, stats.loaded, stats.rejected,
-                              time_unit, stats.time_order])
+                              time_unit, stats.time_order, stats.context])
         # committed on the deferred thread while the next file is read; an error
         # there is raised at the next file's first insert, or at the end
         self.deferred.submit(self.con.commit)
@@ -406,5 +409,6 @@ def _add(summary: IngestSummary, stats: FileStats) -> None:
     summary.lines += stats.lines
     summary.loaded += stats.loaded
     summary.rejected += stats.rejected
+    summary.context += stats.context
     for k, v in stats.by_reason.items():
         summary.rejected_by_reason[k] = summary.rejected_by_reason.get(k, 0) + v

@@ -19,7 +19,9 @@ from replay.readers import files
 from replay.readers.fields import Options, Reject, too_deep
 from replay.readers.files import (decode_text, doc_error, file_kind, guard_units, iter_jsonl, iter_parquet, open_binary,
                                   parquet_source, parse_line, read_all, trajectory_stem)
-from replay.readers.formats import DOCUMENT_CONVERTERS, DOCUMENT_FORMATS, convert_record, detect_record
+from replay.readers.fields import CONTEXT
+from replay.readers.formats import (DOCUMENT_CONVERTERS, DOCUMENT_FORMATS, SESSION_CONVERTERS, SESSION_FORMATS,
+                                    convert_record, detect_record)
 from replay.readers.formats import expand_units
 from replay.readers.hashtraces import LENGTHS_FORMAT, is_lengths_record
 from replay.readers.timeorder import TimeOrder
@@ -34,6 +36,7 @@ class FileStats:
     lines: int = 0
     loaded: int = 0
     rejected: int = 0
+    context: int = 0  # lines of session files that are context, not requests (readers.claude_code, codex)
     by_reason: dict[str, int] = field(default_factory=dict)
     time_order: str | None = None  # of the loaded units, in file order (replay.readers.timeorder)
 
@@ -79,6 +82,11 @@ class FileIngest:
         self.stats.rejected += 1
         self.stats.by_reason[r.reason] = self.stats.by_reason.get(r.reason, 0) + 1
         self.w.reject(self.sid, self.path, line_no, r.reason, r.detail)
+        self._tick()
+
+    def _context(self) -> None:
+        self.stats.lines += 1
+        self.stats.context += 1
         self._tick()
 
     def _load(self, line_no: int, fmt: str, row: dict) -> None:
@@ -161,6 +169,9 @@ class FileIngest:
             # RAGPulse's chunk lengths: side data the trace's converter reads, no request in it
             self.stats.format = LENGTHS_FORMAT
             return
+        if fmt in SESSION_FORMATS:
+            self._session(itertools.chain(head, units), fmt)
+            return
         # (an OTLP export's line holds many spans: expand_units makes each a unit)
         for ln, item in expand_units(itertools.chain(head, units), fmt):
             if isinstance(item, Reject):
@@ -175,6 +186,18 @@ class FileIngest:
                 self._reject(ln, too_deep())
                 continue
             self._load(ln, fmt, row)  # type: ignore[arg-type]
+
+    def _session(self, units: Iterator[tuple[int, Any]], fmt: str) -> None:
+        """A coding agent's session file: its lines read in order by the format's
+        converter, each one a request, context or a reject."""
+        self.memo = {}  # its requests share their message objects: key each once
+        for ln, item in SESSION_CONVERTERS[fmt](units, self.opts):
+            if item is CONTEXT:
+                self._context()
+            elif isinstance(item, Reject):
+                self._reject(ln, item)
+            else:
+                self._load(ln, fmt, item)
 
     def _json(self, data: bytes) -> None:
         """A .json file: an array of records, one object (record or trajectory), or JSONL."""

@@ -84,6 +84,8 @@ def _trajectory_row(m: dict, prefix: str, ser: list[str], session: str, opts: Op
         "session": session,
         "model": as_str(resp.get("model"), "extra.response.model"),
         "output": dumps(_strip_extra(m)),
+        # the serving backend a gateway names (OpenRouter's `provider`): a backend has a cache of its own
+        "backend": as_str(resp.get("provider"), "extra.response.provider"),
     }
     if opts.split_body:
         row["body_obj"] = {"tools": [BASH_TOOL], "messages": list(objs or ())}

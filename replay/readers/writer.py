@@ -41,6 +41,10 @@ REQUEST_SCHEMA = pa.schema([
     ("body_blobs", pa.list_(pa.uint64())),
     ("diag_reason", pa.string()),         # the provider's cache diagnostics (replay.readers.diagnostics)
     ("diag_missed_tokens", pa.int64()),
+    ("client", pa.string()),              # coding agents' session files (readers.claude_code, codex)
+    ("hidden_key", pa.string()),
+    ("backend", pa.string()),             # the serving backend a gateway names (OpenRouter's provider)
+    ("usage_write_1h_tokens", pa.int64()),
 ])
 REJECT_SCHEMA = pa.schema([
     ("source_id", pa.int64()),

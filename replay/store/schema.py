@@ -162,6 +162,16 @@ MIGRATIONS = (
     # (replay.store.walksets.WALKS_LAYOUT is part of their fingerprint) and
     # `prepare` replays them.
     "ALTER TABLE walks ADD COLUMN IF NOT EXISTS origins TINYINT[]",
+    # coding agents' session files (readers.claude_code, readers.codex): lines that are
+    # context, not requests (lines = loaded + context + rejected; NULL = 0 before it);
+    # the client that wrote the log, the identity of the prompt part the log does not
+    # hold (its length is inferred from usage: providers.hidden), the serving backend a
+    # gateway names (OpenRouter's `provider`), and Anthropic's 1-hour cache writes
+    "ALTER TABLE sources ADD COLUMN IF NOT EXISTS context BIGINT",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS client VARCHAR",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS hidden_key VARCHAR",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS backend VARCHAR",
+    "ALTER TABLE requests ADD COLUMN IF NOT EXISTS usage_write_1h_tokens BIGINT",
 )
 
 

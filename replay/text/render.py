@@ -56,6 +56,9 @@ Content blocks
   ``{"name", "input"}`` in the order those keys appear in the block;
 * ``tool_result`` (also ``*_tool_result``) → ``tool_result`` + its content (a
   string, or nested blocks rendered recursively with the same ``block`` rule);
+* ``opaque`` (``{"type": "opaque", "id", "tokens"}``: a part of the prompt the
+  log does not hold, such as encrypted reasoning) → a placeholder run of
+  ``tokens`` ids seeded by ``id``, as an image's (nothing when ``tokens`` ≤ 0);
 * ``thinking`` → ``think`` + the thinking text; ``redacted_thinking`` →
   ``think`` + its ``data`` string as text;
 * anything else (documents, audio, unknown types) → the compact JSON of the
@@ -295,6 +298,10 @@ class _Renderer:
         elif typ in ("image", "image_url", "input_image"):
             self.marker("image", part)
             self.pieces.append(("image", image_payload(block), part))
+        elif typ == "opaque":  # a part the log does not hold: a run of `tokens` ids named by `id`
+            n = block.get("tokens")
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                self.pieces.append(("image", (_sha("opaque:" + str(block.get("id"))), n), part))
         elif typ in ("tool_use", "server_tool_use", "function_call"):
             self.marker("tool_call", part)
             keys = ("name", "input", "arguments") if typ == "function_call" else ("name", "input")

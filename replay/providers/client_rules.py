@@ -1,0 +1,255 @@
+"""Each provider's cache as its client uses it, judged request by request
+(``replay.providers.realised`` sums them; the rules and their sources are the
+profiles ``anthropic-claude-code``, ``openai-responses`` and ``gemini-*`` in
+``replay.providers.catalog``).
+
+* **Anthropic**: the prompt is the hidden prefix (tools + system, inferred:
+  ``replay.providers.hidden``) then the messages. Breakpoints as Claude Code
+  places them: the end of the hidden prefix and the end of the last content
+  block (the automatic breakpoint); the simulator is
+  ``simulators.simulate_anthropic`` (20-block lookback, the model's minimum, a
+  hit refreshes its entry). The TTL of a request's breakpoints is the one its
+  usage shows it wrote (1 h when ``ephemeral_1h_input_tokens`` > 0, 5 min when
+  it wrote only 5-minute entries), else its stream's last one (5 min at first).
+  The cache is the organisation's (tenant) and the model's.
+* **OpenAI**: the longest common prefix with an earlier prompt of the same
+  organisation + ``prompt_cache_key`` + model, alive within 10 minutes (the
+  upper end of in-memory retention; a hit refreshes it), rounded down to 1,024
+  + 128·k tokens, 0 below 1,024 provider tokens.
+* **Gemini** (implicit caching): the same walk, per organisation + model +
+  serving backend (a backend named by the gateway — OpenRouter's
+  ``provider`` — has a cache of its own), in blocks of 2,048 of the provider's
+  tokens (scaled to ours by the request's own ratio of our prompt tokens to
+  the provider's), 0 below the model's minimum in provider tokens; TTL 1 hour
+  (none documented: minutes to hours). ``docs/realised.md`` has the evidence.
+* **DeepSeek**: the ``deepseek`` walk profile (64-token units, prompt +
+  output, account-wide, no expiry).
+* anything else: the ideal contract on the tenant's caches.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from replay.core import hits
+from replay.core.grid import Grid
+from replay.core.prompts import Prompt
+from replay.core.replay import replay_prompts
+from replay.core.times import US_PER_S
+from replay.providers.catalog import ANTHROPIC_MIN_TOKENS, GEMINI_MIN_TOKENS, model_family
+from replay.providers.hidden import hidden_tokens, infer_lengths
+from replay.providers.request_hits import request_hits
+from replay.providers.simulators import (ANTHROPIC_1H_US, ANTHROPIC_5M_US, AnthropicRequest, openai_round,
+                                         simulate_anthropic)
+from replay.text.segids import MARKER_SEG
+
+PARTS = ("hidden-part inference", "minimum", "TTL expiry", "backend split", "breakpoints", "unexplained")
+OPENAI_TTL_US = 600 * US_PER_S
+GEMINI_TTL_US = 3600 * US_PER_S
+GEMINI_BLOCK = 2048
+LOOKBACK = 20
+
+
+@dataclass
+class RequestRow:
+    request_id: int
+    ts: int
+    tenant: str
+    key: str | None
+    session: str | None
+    model: str | None
+    format: str
+    client: str | None
+    hidden_key: str | None
+    backend: str | None
+    usage_prompt: int
+    usage_cached: int
+    usage_write: int | None
+    usage_write_1h: int | None
+    tokens: np.ndarray
+    n_tokens: int
+
+    @property
+    def stream(self) -> str:
+        return f"{self.tenant}|{self.session}" if self.session is not None else f"{self.tenant}|-"
+
+
+def _full(r: RequestRow, hidden: dict[str, int]) -> tuple[np.ndarray, int]:
+    """The request's tokens with its hidden prefix in front, and that prefix's length."""
+    h = hidden.get(r.stream, 0) if r.hidden_key else 0
+    if not h:
+        return np.asarray(r.tokens, dtype=np.int64), 0
+    return np.concatenate([hidden_tokens(r.hidden_key, h), np.asarray(r.tokens, dtype=np.int64)]), h
+
+
+def _hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
+    first: dict[str, tuple[int | None, int]] = {}
+    for r in reqs:
+        if r.hidden_key and r.stream not in first:
+            first[r.stream] = (r.usage_prompt, r.n_tokens)
+    return infer_lengths(first)
+
+
+def hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
+    """Stream → the inferred length of its hidden prefix (``replay.providers.hidden``)."""
+    return _hidden_lengths(reqs)
+
+
+def judge(con, reqs: list[RequestRow]) -> list[tuple]:
+    """(request_id, provider, model, session, stream, prompt_tokens, hidden_tokens, predicted,
+    provider_prompt_tokens, realised, part) per request, requests in processing order."""
+    hidden = _hidden_lengths(reqs)
+    groups: dict[str, list[RequestRow]] = {}
+    for r in reqs:
+        groups.setdefault(model_family(r.model).family, []).append(r)
+    out: list[tuple] = []
+    for fam, rs in groups.items():
+        fn = {"anthropic": _anthropic, "openai": _openai, "google": _gemini, "deepseek": _deepseek}.get(fam, _ideal)
+        provider = fam if fam != "unknown" else "other"
+        seen_stream: set[str] = set()
+        for r, (full_n, h, pred, part) in zip(rs, fn(con, rs, hidden)):
+            if h and r.stream not in seen_stream:
+                part = "hidden-part inference"
+            seen_stream.add(r.stream)
+            out.append((r.request_id, provider, r.model, r.session, r.stream, full_n, h, int(pred),
+                        r.usage_prompt, r.usage_cached, part))
+    return out
+
+
+def _gap_part(prev_ts: int | None, ts: int, ttl_us: int) -> str | None:
+    return "TTL expiry" if prev_ts is not None and ts - prev_ts > ttl_us else None
+
+
+# ----------------------------------------------------------------------------- Anthropic
+
+def block_ends(con, request_ids) -> dict[int, list[int]]:
+    """request_id → the token positions where its content blocks end: every rendered
+    piece that is not a marker (a tool, a system block, a content block), read from
+    the stored segments (one segment per piece) rather than from the bodies."""
+    markers = {int(v) for v in MARKER_SEG.values()}
+    n_of = dict(con.execute("SELECT seg_id, n_tokens FROM segments").fetchall())
+    con.register("_wanted", pa.table({"request_id": pa.array(list(request_ids), pa.int64())}))
+    try:
+        rows = con.execute("SELECT request_id, seg_ids FROM prompts JOIN _wanted USING (request_id)").fetchall()
+    finally:
+        con.unregister("_wanted")
+    out = {}
+    for rid, segs in rows:
+        pos, ends = 0, []
+        for s in segs:
+            pos += n_of[s]
+            if s not in markers:
+                ends.append(pos)
+        out[rid] = ends
+    return out
+
+
+def _anthropic(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
+    return anthropic_predictions(rs, hidden, block_ends(con, [r.request_id for r in rs]))
+
+
+def anthropic_predictions(rs: list[RequestRow], hidden: dict[str, int], ends: dict[int, list[int]]) -> list[tuple]:
+    """(full length, hidden length, predicted read, part) per request; ``ends``: each
+    request's content-block end positions in its visible tokens."""
+    ttl_of_stream: dict[str, int] = {}
+    prev: dict[str, tuple[int, int]] = {}  # stream → (ts, full length) of its last request
+    by_model: dict[Any, list[int]] = {}
+    areqs, meta = [], []
+    for i, r in enumerate(rs):
+        if r.usage_write_1h:
+            ttl = ANTHROPIC_1H_US
+        elif r.usage_write:
+            ttl = ANTHROPIC_5M_US
+        else:
+            ttl = ttl_of_stream.get(r.stream, ANTHROPIC_5M_US)
+        ttl_of_stream[r.stream] = ttl
+        full, h = _full(r, hidden)
+        vis = ends.get(r.request_id) or [r.n_tokens]
+        # Claude Code's breakpoints: the end of tools + system (hidden), the end of the last content block
+        bps = ([(h, ttl)] if h else []) + [(vis[-1] + h, ttl)]
+        bounds = ([h] if h else []) + [b + h for b in vis]
+        areqs.append(AnthropicRequest(r.ts, f"{r.tenant}\0{r.model}", full, bps, bounds))
+        part = _gap_part(prev.get(r.stream, (None,))[0], r.ts, ttl)
+        if part is None and r.stream in prev and bps:
+            last_bp = max(p for p, _ in bps)
+            if sum(1 for b in bounds if prev[r.stream][1] < b < last_bp) > LOOKBACK:
+                part = "breakpoints"
+        prev[r.stream] = (r.ts, len(full))
+        meta.append((len(full), h, part))
+        by_model.setdefault(r.model, []).append(i)
+    pred = [0] * len(rs)
+    for model, idx in by_model.items():
+        fam = model_family(model)
+        minimum = ANTHROPIC_MIN_TOKENS.get(fam.profile.removeprefix("anthropic-"), 1024)
+        for i, (read, _w5, _w1) in zip(idx, simulate_anthropic([areqs[i] for i in idx], minimum, LOOKBACK)):
+            pred[i] = read
+            if read == 0 and meta[i][0] < minimum:
+                meta[i] = (meta[i][0], meta[i][1], "minimum")
+    return [(n, h, pred[i], part or "unexplained") for i, (n, h, part) in enumerate(meta)]
+
+
+# ----------------------------------------------------------------------------- OpenAI and Gemini: walks
+
+def _walk(rs: list[RequestRow], hidden: dict[str, int], partition) -> tuple[list, list]:
+    """Each request's walk (gaps, depths) in its partition's trie, and its (full length, hidden length)."""
+    prompts, lens = [], []
+    for r in rs:
+        full, h = _full(r, hidden)
+        prompts.append(Prompt(r.request_id, r.ts, partition(r), None, None, full, None, None, len(full), r.model))
+        lens.append((len(full), h))
+    walks = replay_prompts(prompts, modes=("tenant",), variants=("prompt",))[("prompt", "tenant")]
+    return [(w[5], w[6]) for w in walks], lens
+
+
+def _openai(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
+    walks, lens = _walk(rs, hidden, lambda r: f"org:{r.tenant}|key:{r.key}")
+    prev: dict[str, int] = {}
+    out = []
+    for r, (gaps, depths), (n, h) in zip(rs, walks, lens):
+        L = hits.depth_under(gaps, depths, OPENAI_TTL_US)
+        pred = openai_round(L) if r.usage_prompt >= 1024 else 0
+        part = "minimum" if r.usage_prompt < 1024 else _gap_part(prev.get(r.stream), r.ts, OPENAI_TTL_US)
+        prev[r.stream] = r.ts
+        out.append((n, h, pred, part or "unexplained"))
+    return out
+
+
+def _gemini(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
+    walks, lens = _walk(rs, hidden, lambda r: f"org:{r.tenant}|backend:{r.backend}")
+    prev: dict[str, tuple[int, str | None]] = {}
+    out = []
+    for r, (gaps, depths), (n, h) in zip(rs, walks, lens):
+        minimum = GEMINI_MIN_TOKENS.get(model_family(r.model).profile.removeprefix("gemini-"), 4096)
+        L = hits.depth_under(gaps, depths, GEMINI_TTL_US)
+        block = GEMINI_BLOCK * n / r.usage_prompt if r.usage_prompt else float(GEMINI_BLOCK)
+        pred = int(math.floor(L / block) * block) if r.usage_prompt >= minimum else 0
+        before = prev.get(r.stream)
+        part = "minimum" if r.usage_prompt < minimum else _gap_part(before and before[0], r.ts, GEMINI_TTL_US)
+        if part is None and before is not None and before[1] != r.backend:
+            part = "backend split"
+        prev[r.stream] = (r.ts, r.backend)
+        out.append((n, h, min(pred, n), part or "unexplained"))
+    return out
+
+
+# ----------------------------------------------------------------------------- walk profiles
+
+def _profile_hits(con, rs: list[RequestRow], profile: str, block: int, minimum: int) -> list[tuple]:
+    g = Grid(ttls=(math.inf,), blocks=(block,), min_prefixes=(minimum,), streams=("tenant",))
+    df = request_hits(con, profile, g)
+    got = dict(zip(df["request_id"].to_list(), df["hit"].to_list()))
+    return [(r.n_tokens, 0, int(got.get(r.request_id, 0)),
+             "minimum" if r.n_tokens < minimum else "unexplained") for r in rs]
+
+
+def _deepseek(con, rs, hidden):
+    return _profile_hits(con, rs, "deepseek", 64, 64)
+
+
+def _ideal(con, rs, hidden):
+    return _profile_hits(con, rs, "ideal", 1, 0)
