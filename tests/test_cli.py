@@ -129,9 +129,11 @@ def test_ingest_json_accounts_for_every_line(tmp_path):
     res = CliRunner().invoke(main, ["ingest", str(log), "--db", str(tmp_path / "x.duckdb"), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert set(out) == {"files", "lines", "loaded", "rejected", "skipped_files", "by_reason", "unordered_files"}
+    assert set(out) == {"files", "lines", "loaded", "context", "rejected", "skipped_files", "by_reason",
+                        "unordered_files"}
     assert out["unordered_files"] == []  # (one loaded line: in order)
     assert (out["files"], out["lines"], out["loaded"], out["rejected"], out["skipped_files"]) == (1, 3, 1, 2, 0)
+    assert out["context"] == 0  # (only the lines of agents' session files are context)
     assert sum(out["by_reason"].values()) == 2
     again = json.loads(CliRunner().invoke(main, ["ingest", str(log), "--db", str(tmp_path / "x.duckdb"),
                                                  "--json"]).stdout)

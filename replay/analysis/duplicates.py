@@ -29,8 +29,12 @@ from replay.core.prompts import iter_prompts
 from replay.core.streams import check_modes
 from replay.core.times import format_ttl, ttl_us
 from replay.prepare import prepare
+from replay.store import db
 
 REPORT_NORMALIZED_MAX = 20_000  # requests; the report's normalized rates re-tokenize the log
+#: nor past this much body text (an agent's log resends its conversation every call: the
+#: normalized copy holds every body whole)
+REPORT_NORMALIZED_MAX_CHARS = 64 << 20
 REPORT_NEAR_MAX = 50_000        # requests; the near search compares every pair within the TTL
 REPORT_THRESHOLDS = (0.90, 0.95)
 
@@ -86,7 +90,8 @@ def duplicates_section(con, out_dir=None, ttls=(300.0, 3600.0, math.inf), stream
     """Markdown for the report: the exact-duplicate rates, as sent and (up to
     :data:`REPORT_NORMALIZED_MAX` requests: it tokenizes the normalized log again) normalized."""
     n = con.execute("SELECT count(*) FROM requests").fetchone()[0]
-    df = exact_duplicates(con, ttls=ttls, streams=streams, normalized=n <= REPORT_NORMALIZED_MAX,
+    small = n <= REPORT_NORMALIZED_MAX and sum(s for _, s in db.body_sizes(con)) <= REPORT_NORMALIZED_MAX_CHARS
+    df = exact_duplicates(con, ttls=ttls, streams=streams, normalized=small,
                           tokenizer=tokenizer)
     if "normalized_duplicate_requests" not in df.columns:
         df = df.with_columns(pl.lit(None, dtype=pl.Int64).alias("normalized_duplicate_requests"),
@@ -105,9 +110,10 @@ def duplicates_section(con, out_dir=None, ttls=(300.0, 3600.0, math.inf), stream
                      f"{100 * r['duplicate_share']:.1f} % | {r['duplicate_prompt_tokens']:,} | "
                      + ("— | — |" if r["normalized_duplicate_requests"] is None else
                         f"{r['normalized_duplicate_requests']:,} | {100 * r['normalized_duplicate_share']:.1f} % |"))
-    if n > REPORT_NORMALIZED_MAX:
+    if not small:
         lines += ["", f"_Normalized rates not computed in the report above {REPORT_NORMALIZED_MAX:,} requests "
-                  "(they tokenize the normalized log again): run `replay duplicates` on the log._"]
+                  f"or {REPORT_NORMALIZED_MAX_CHARS >> 20} MiB of bodies (they tokenize the normalized log "
+                  "again): run `replay duplicates` on the log._"]
     return "\n".join(lines + [""] + _near_lines(con, n, ttls, streams, tokenizer))
 
 

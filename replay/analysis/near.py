@@ -34,6 +34,7 @@ from replay.core.prompts import time_ordered_chunks
 from replay.core.streams import check_modes, stream_key
 from replay.core.times import ttl_us
 from replay.prepare import prepare
+from replay.store import db
 from replay.store.jsontext import loads
 
 THRESHOLDS = (0.80, 0.85, 0.90, 0.95, 0.99)
@@ -103,13 +104,12 @@ def turns(con, tokenizer=None) -> pl.DataFrame:
     tenant, key, session, model and the last user turn's text."""
     prepare(con, modes=(), tokenizer=tokenizer)
     rows = []
+    blob_texts: dict = {}  # (a conversation's calls share most of their blobs)
     # (small chunks: an agent's body can be 100 KB, and DuckDB's memory is capped)
     for tbl in time_ordered_chunks(con, "r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model",
                                    chunk=BODIES_PER_QUERY):
         ids = tbl.column("request_id").to_pylist()
-        # (literal ids: pushed down into the view, which would otherwise join every body's blobs)
-        bodies = dict(con.execute(f"SELECT request_id, body FROM request_bodies WHERE request_id IN "
-                                  f"({','.join(str(int(i)) for i in ids)})").fetchall()) if ids else {}
+        bodies = db.fetch_bodies(con, ids, blob_texts) if ids else {}
         meta = [tbl.column(c).to_pylist() for c in ("ts_us", "tenant", "prompt_cache_key", "session", "model")]
         for k, rid in enumerate(ids):
             try:

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from replay.core import hits
 from replay.core.grid import Grid
@@ -43,10 +42,10 @@ from replay.core.replay import replay_prompts
 from replay.core.times import US_PER_S
 from replay.providers.catalog import ANTHROPIC_MIN_TOKENS, GEMINI_MIN_TOKENS, model_family
 from replay.providers.hidden import hidden_tokens, infer_lengths
+from replay.providers.layouts import block_ends
 from replay.providers.request_hits import request_hits
 from replay.providers.simulators import (ANTHROPIC_1H_US, ANTHROPIC_5M_US, AnthropicRequest, openai_round,
                                          simulate_anthropic)
-from replay.text.segids import MARKER_SEG
 
 PARTS = ("hidden-part inference", "minimum", "TTL expiry", "backend split", "breakpoints", "unexplained")
 OPENAI_TTL_US = 600 * US_PER_S
@@ -126,28 +125,6 @@ def _gap_part(prev_ts: int | None, ts: int, ttl_us: int) -> str | None:
 
 
 # ----------------------------------------------------------------------------- Anthropic
-
-def block_ends(con, request_ids) -> dict[int, list[int]]:
-    """request_id → the token positions where its content blocks end: every rendered
-    piece that is not a marker (a tool, a system block, a content block), read from
-    the stored segments (one segment per piece) rather than from the bodies."""
-    markers = {int(v) for v in MARKER_SEG.values()}
-    n_of = dict(con.execute("SELECT seg_id, n_tokens FROM segments").fetchall())
-    con.register("_wanted", pa.table({"request_id": pa.array(list(request_ids), pa.int64())}))
-    try:
-        rows = con.execute("SELECT request_id, seg_ids FROM prompts JOIN _wanted USING (request_id)").fetchall()
-    finally:
-        con.unregister("_wanted")
-    out = {}
-    for rid, segs in rows:
-        pos, ends = 0, []
-        for s in segs:
-            pos += n_of[s]
-            if s not in markers:
-                ends.append(pos)
-        out[rid] = ends
-    return out
-
 
 def _anthropic(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
     return anthropic_predictions(rs, hidden, block_ends(con, [r.request_id for r in rs]))

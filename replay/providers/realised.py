@@ -48,7 +48,6 @@ from replay.prepare import prepare
 from replay.providers.catalog import model_family
 from replay.providers.client_rules import PARTS, RequestRow, judge
 from replay.core.prompts import iter_prompts
-from replay.store import db
 
 JSON_KEYS = ("provider", "model", "requests", "sessions", "prompt_tokens", "provider_prompt_tokens",
              "predicted_hit_ratio", "realised_hit_ratio", "gap_points", "inferred_share", "gap_parts")

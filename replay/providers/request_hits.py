@@ -10,7 +10,6 @@ first through ``replay.prepare``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,10 +24,10 @@ from replay.core.times import ttl_us
 from replay.core.walks import read_walks
 from replay.prepare import prepare
 from replay.providers.catalog import Profile, get_profile
+from replay.providers.layouts import DEFAULT_TTL, anthropic_layouts, one_block
 from replay.providers.mlx_cache import simulate_mlx
-from replay.providers.simulators import (ANTHROPIC_1H_US, ANTHROPIC_5M_US, AnthropicRequest, anthropic_layout,
+from replay.providers.simulators import (ANTHROPIC_1H_US, ANTHROPIC_5M_US, AnthropicRequest,
                                          openai_machines, openai_round, simulate_anthropic)
-from replay.store import db
 
 COLUMNS = ["stream_mode", "request_id", "stream", "model", "ts_us", "prompt_tokens", "ttl", "block",
            "min_prefix", "hit", "write_5m", "write_1h"]
@@ -203,14 +202,14 @@ def _anthropic_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
     auto = bool(int(prof.params.get("auto", 1)))
     min_t = int(prof.min_prefix or 0)
     reqs = _sim_requests(con, with_output=False)
-    shapes = _anthropic_shapes(con)
+    shapes = anthropic_layouts(con, auto)
     rows = []
     for default_ttl in ttls:
         d_us = ANTHROPIC_1H_US if default_ttl == 3600.0 else ANTHROPIC_5M_US
         layouts = {}
         for r in reqs:
-            body, segs, fmt = shapes.get(r.request_id, (None, [r.n_tokens], "tokens"))
-            layouts[r.request_id] = anthropic_layout(body, segs, fmt, d_us, auto)
+            bps, bounds = shapes.get(r.request_id) or one_block(r.n_tokens, auto)
+            layouts[r.request_id] = ([(p, d_us if t == DEFAULT_TTL else t) for p, t in bps], bounds)
         for mode in grid.streams:
             areqs = [AnthropicRequest(r.ts, f"{r.stream(mode)}\0{r.model}", r.tokens, *layouts[r.request_id])
                      for r in reqs]
@@ -218,25 +217,6 @@ def _anthropic_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
             rows += [(mode, r.request_id, r.stream(mode), r.model, r.ts, r.n_tokens, default_ttl, 1, min_t,
                       rd, w5, w1) for r, (rd, w5, w1) in zip(reqs, res)]
     return _frame(rows, extra=("write_5m", "write_1h"))
-
-
-def _anthropic_shapes(con) -> dict[int, tuple]:
-    """request_id → (parsed body or None, tokens per rendered piece, format)."""
-    tbl = db.arrow(con, """
-        SELECT r.request_id, r.format, b.body, p.seg_ids
-        FROM requests r JOIN prompts p USING (request_id) JOIN request_bodies b USING (request_id)""")
-    seg_n = dict(con.execute("SELECT seg_id, n_tokens FROM segments").fetchall())
-    out = {}
-    for row in tbl.to_pylist():
-        body = None
-        if row["body"] is not None and row["format"] != "tokens":
-            try:
-                body = json.loads(row["body"])
-            except ValueError:
-                body = None
-        out[row["request_id"]] = (body if isinstance(body, dict) else None,
-                                  [seg_n[s] for s in row["seg_ids"]], row["format"])
-    return out
 
 
 def ttl_s_column(ttl: pl.Expr) -> pl.Expr:

@@ -140,6 +140,60 @@ def arrow(con, sql: str, params=None):
     return rel.arrow()  # duckdb < 1.4
 
 
+def fetch_bodies(con, ids, blob_texts: dict | None = None) -> dict[int, str | None]:
+    """request_id → its body's JSON text, for ``ids``, assembled here from the stored
+    blobs (the ``request_bodies`` view does the same in DuckDB, whose capped memory a
+    few long agent conversations fill). ``blob_texts``: the caller's cache of blob
+    texts across calls (a conversation's calls share most of their blobs)."""
+    cache = {} if blob_texts is None else blob_texts
+    wanted = pa.table({"request_id": pa.array([int(i) for i in ids], pa.int64())})
+    con.register("_bodies_wanted", wanted)
+    try:
+        rows = con.execute("SELECT request_id, body, body_blobs FROM requests JOIN _bodies_wanted "
+                           "USING (request_id)").fetchall()
+        need = sorted({b for _, body, blobs in rows if body is None and blobs for b in blobs} - cache.keys())
+        if need:
+            con.register("_blobs_wanted", pa.table({"blob_id": pa.array(need, pa.uint64())}))
+            try:
+                cache.update(con.execute("SELECT blob_id, text FROM blobs JOIN _blobs_wanted USING (blob_id)")
+                             .fetchall())
+            finally:
+                con.unregister("_blobs_wanted")
+    finally:
+        con.unregister("_bodies_wanted")
+    return {rid: body if body is not None or blobs is None else "".join(cache[b] for b in blobs)
+            for rid, body, blobs in rows}
+
+
+def body_sizes(con) -> list[tuple[int, int]]:
+    """(request_id, characters of its body's JSON text) for every request, by id,
+    without building the bodies: an agent's log resends its conversation on every
+    call, so its bodies together are many times the text stored."""
+    return con.execute("""
+        SELECT r.request_id, coalesce(length(any_value(r.body)), 0) + coalesce(sum(length(b.text)), 0)
+        FROM requests r
+        LEFT JOIN (SELECT request_id, unnest(body_blobs) AS blob_id FROM requests) u USING (request_id)
+        LEFT JOIN blobs b USING (blob_id)
+        GROUP BY r.request_id ORDER BY r.request_id""").fetchall()
+
+
+def chunks_by_size(sizes, budget: int) -> list[list[int]]:
+    """Request ids grouped in order so each group's body text stays near ``budget``
+    characters (a body larger than it is a group of its own)."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    total = 0
+    for rid, size in sizes:
+        if cur and total + size > budget:
+            out.append(cur)
+            cur, total = [], 0
+        cur.append(rid)
+        total += size
+    if cur:
+        out.append(cur)
+    return out
+
+
 def list_rows(col) -> list:
     """Each row of an Arrow list column as a numpy view of its values (None for a
     null row), through the offsets: no per-row Arrow calls. A column of NULLs

@@ -187,17 +187,24 @@ def check_renderable(con, tok):
     return tok
 
 
+BODY_CHUNK_CHARS = 32 << 20  # body text one query fetches
+
+
 class _Rendered:
     """Bodies and rendered pieces of the requests a classification looks at."""
 
     def __init__(self, con, ids, tok=None):
         self.bodies: dict[int, tuple[dict, str]] = {}
         self.times: dict[int, int] = {}
-        for start in range(0, len(ids), 2000):
-            q = ",".join(str(int(x)) for x in ids[start:start + 2000])
-            for rid, body, fmt, ts in con.execute(
-                    f"SELECT r.request_id, b.body, r.format, r.ts_us FROM requests r JOIN request_bodies b "
-                    f"USING (request_id) WHERE r.request_id IN ({q})").fetchall():
+        wanted = {int(x) for x in ids}
+        sizes = [(rid, n) for rid, n in db.body_sizes(con) if rid in wanted]
+        blob_texts: dict = {}
+        for group in db.chunks_by_size(sizes, BODY_CHUNK_CHARS):  # (the bodies are assembled a stretch at a time)
+            q = ",".join(str(x) for x in group)
+            texts = db.fetch_bodies(con, group, blob_texts)
+            for rid, fmt, ts in con.execute(
+                    f"SELECT r.request_id, r.format, r.ts_us FROM requests r WHERE r.request_id IN ({q})").fetchall():
+                body = texts.get(rid)
                 self.times[rid] = ts
                 try:
                     self.bodies[rid] = (json.loads(body), fmt)
