@@ -20,7 +20,7 @@ from replay import api
 from replay.providers import client_rules
 from replay.providers.realised import realised
 from replay.providers.client_rules import (RequestRow, _gemini, _openai, anthropic_predictions, hidden_lengths,
-                                           judge)
+                                           judge)  # (the per-family rules, called directly on hand-made rows)
 from replay.providers.hidden import hidden_tokens
 from replay.providers.simulators import ANTHROPIC_5M_US
 
@@ -244,15 +244,36 @@ def test_gap_parts_add_up(tmp_path, monkeypatch):
     rows = [_row(0, 0, list(range(5000)), up=5500, uc=0, hidden_key="k"),
             _row(1, S, list(range(5100)), up=5600, uc=5400, hidden_key="k"),
             _row(2, 900 * S, list(range(5200)), up=5700, uc=5500, hidden_key="k")]
-    con = api.open_db(str(tmp_path / "db.duckdb"))
     monkeypatch.setattr(client_rules, "block_ends", lambda con, ids: _ends(rows))  # (the rows are not stored)
-    judged = judge(con, rows)
-    df = pl.DataFrame(judged, schema=["request_id", "provider", "model", "session", "stream", "prompt_tokens",
-                                      "hidden_tokens", "predicted", "provider_prompt_tokens", "realised", "part"],
+    got = judge(None, rows, "anthropic")
+    assert [g[3] for g in got] == ["hidden-part inference", "unexplained", "TTL expiry"]
+    assert [g[2] for g in got] == [0, 5500, 0]  # 900 s after a 5-minute write: expired
+    df = pl.DataFrame([(r.request_id, "anthropic", r.model, r.session, r.stream, n, h, pred, r.usage_prompt,
+                        r.usage_cached, part) for r, (n, h, pred, part) in zip(rows, got)],
+                      schema=["request_id", "provider", "model", "session", "stream", "prompt_tokens",
+                              "hidden_tokens", "predicted", "provider_prompt_tokens", "realised", "part"],
                       orient="row")
-    for r in realised(con, frame=df):
+    [model_row, overall] = realised(None, frame=df)
+    for r in (model_row, overall):
         assert sum(r["gap_parts"].values()) == pytest.approx(r["gap_points"], abs=1e-9)
         assert r["inferred_share"] == pytest.approx(3 * 500 / (15300 + 1500))
+        assert r["predicted_hit_ratio"] == pytest.approx(5500 / 16800)
+        assert r["realised_hit_ratio"] == pytest.approx(10900 / 16800)
+    # each part is its requests' share of the difference
+    assert overall["gap_parts"]["TTL expiry"] == pytest.approx(100 * (0 / 16800 - 5500 / 16800))
+
+
+def test_sweep_auto_agrees_with_realised(tmp_path):
+    f = tmp_path / "s1.jsonl"
+    _write_jsonl(f, claude_transcript())
+    con = api.open_db(str(tmp_path / "db.duckdb"))
+    api.ingest(con, [str(f)])
+    rows = realised(con)
+    [auto] = api.profile_sweep(con, ["auto"]).to_dicts()
+    assert auto["profile"] == "auto/anthropic-claude-code"
+    overall = [r for r in rows if r["model"] == "*"][0]
+    assert auto["hit_tokens"] / auto["prompt_tokens"] == pytest.approx(overall["predicted_hit_ratio"])
+    assert auto["prompt_tokens"] == overall["prompt_tokens"]
 
 
 # ----------------------------------------------------------------------------- the shared real sessions

@@ -86,9 +86,24 @@ def logged_models(con) -> list[str | None]:
     return [r["model"] for r in rows.to_pylist()]
 
 
+#: a client whose logs call for its own rules (``catalog``: the providers as coding agents use them)
+CLIENT_PROFILES = {("anthropic", "claude-code"): "anthropic-claude-code", ("openai", "codex"): "openai-responses"}
+
+
 def model_choices(con, price_keys: Iterable[str] = ()) -> dict[str | None, ModelChoice]:
+    """Each logged model's choice; a model whose every request came from one coding
+    agent (``requests.client``) is judged by the provider's rules as that agent uses them."""
     keys = list(price_keys)
-    return {m: ModelChoice(model_family(m), price_entry(m, keys)) for m in logged_models(con)}
+    clients = dict(con.execute("""SELECT model, any_value(client) FROM requests GROUP BY model
+                                  HAVING count(DISTINCT client) = 1 AND count(client) = count(*)""").fetchall())
+    out = {}
+    for m in logged_models(con):
+        fam = model_family(m)
+        client_profile = CLIENT_PROFILES.get((fam.family, clients.get(m)))
+        if client_profile is not None:
+            fam = replace(fam, profile=client_profile, note=f"{fam.note}; as {clients[m]} uses it")
+        out[m] = ModelChoice(fam, price_entry(m, keys))
+    return out
 
 
 def parses_json(con, profile: str | None) -> bool:

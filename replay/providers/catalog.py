@@ -107,7 +107,7 @@ class Profile:
     """A named set of caching rules. ``None`` for a dimension = the grid's values."""
 
     name: str
-    kind: str                        # "walk" | "mlx" | "anthropic" | "openai"
+    kind: str                        # "walk" | "mlx" | "anthropic" | "openai" | "client" | "gemini"
     summary: str
     variant: str = "prompt"          # walks variant: "prompt" or "prompt+output"
     block: int | None = None         # fixed block size, or None = grid
@@ -125,7 +125,12 @@ class Profile:
     def canonical_json(self) -> bool:
         """Hosted APIs parse the request JSON before building the prompt, so key order
         and separators cannot cause a miss there (diagnose/whatif work on the canonical view)."""
-        return self.kind in ("anthropic", "openai") or self.name.split(":")[0] == "deepseek"
+        return self.kind in ("anthropic", "openai", "client", "gemini") or self.name.split(":")[0] == "deepseek"
+
+    @property
+    def family(self) -> str:
+        """The provider whose rules a ``client`` or ``gemini`` profile applies (``client_rules.RULES``)."""
+        return "google" if self.name.startswith("gemini-") else self.name.split("-")[0]
 
     def describe(self) -> str:
         return (f"{self.name}: {self.summary}\n  honours: {self.honours or '-'}\n"
@@ -196,34 +201,33 @@ def _client_profiles() -> dict[str, Profile]:
     (``replay.providers.client_rules``; the evidence in docs/realised.md)."""
     p: dict[str, Profile] = {}
     p["anthropic-claude-code"] = Profile(
-        "anthropic-claude-code", "anthropic",
+        "anthropic-claude-code", "client",
         "Anthropic as Claude Code uses it: breakpoints at the end of the tools + system prefix (hidden in "
         "transcripts: an opaque run, its length inferred from the first call's usage) and at the last content "
         "block; 20-block lookback; the model's minimum; 5 min refreshed on hit or 1 h, as each call's usage "
         "split shows it wrote",
-        block=1, ttl_fixed=True, honours="stream (tenant = the account)",
-        overrides="block=1 (hits at breakpoints), min_prefix=the model's, ttl=from the usage split",
-        sources="docs.anthropic.com prompt-caching (read 2026-12); 98 Claude Code transcripts (docs/realised.md)",
-        params={"auto": 1, "lookback": 20})
+        block=1, ttl_fixed=True, streams=("tenant",), honours="-",
+        overrides="block=1 (hits at breakpoints), min_prefix=the model's, ttl=from the usage split, "
+                  "stream=tenant (the account)",
+        sources="docs.anthropic.com prompt-caching (read 2026-12); 98 Claude Code transcripts (docs/realised.md)")
     p["openai-responses"] = Profile(
-        "openai-responses", "openai",
+        "openai-responses", "client",
         "OpenAI automatic caching as the Responses API applies it (Codex CLI): ≥1024 tokens, 128-token "
         "increments, routed by prefix + prompt_cache_key (Codex: the conversation id), in-memory retention "
         "(10 min idle, refreshed on hit; extended 24 h not assumed); tool definitions hidden in rollouts: an "
         "opaque run inferred from the first call's usage; encrypted reasoning an opaque run of the call's "
         "reasoning tokens",
-        block=1, min_prefix=1024, step=128, streams=("org+key",),
-        honours="ttl", overrides="block (1024 then 128-token increments), min_prefix=1024, stream=org+key",
-        sources="platform.openai.com/docs/guides/prompt-caching (read 2026-12); 10 Codex rollouts",
-        params={"replicas": 1, "rpm": 15, "route_tokens": 256})
+        block=1, min_prefix=1024, step=128, ttl_fixed=True, streams=("org+key",), honours="-",
+        overrides="block (1024 then 128-token increments), min_prefix=1024, ttl=10 min, stream=org+key",
+        sources="platform.openai.com/docs/guides/prompt-caching (read 2026-12); 10 Codex rollouts")
     for fam, m in GEMINI_MIN_TOKENS.items():
         name = f"gemini-{fam}"
         p[name] = Profile(
             name, "gemini",
             f"Gemini {fam.replace('-', '.')} implicit caching: minimum {m} tokens, hits in 2048-token blocks, "
             "a separate cache per serving backend (OpenRouter's provider), TTL 1 h (none documented)",
-            block=1, min_prefix=m, ttl_fixed=True, honours="stream",
-            overrides=f"min_prefix={m}, block=2048 provider tokens, ttl=1h, cache per backend",
+            block=1, min_prefix=m, ttl_fixed=True, streams=("tenant",), honours="-",
+            overrides=f"min_prefix={m}, block=2048 provider tokens, ttl=1h, stream=tenant and backend",
             sources="ai.google.dev/gemini-api/docs/caching (2026-05, 2026-10); the 2048-token blocks from 100 "
                     "mini-swe-agent runs through OpenRouter (docs/realised.md)")
     return p
@@ -283,7 +287,7 @@ def judging_config(prof: Profile) -> tuple[float, int, int]:
     """(ttl, block, min_prefix) a profile is judged at when none is given: its fixed
     block and minimum, else token level with no minimum; the provider's TTL
     (OpenAI's guaranteed in-memory 5 min, Anthropic's default 5 min), else no expiry."""
-    ttl = 300.0 if prof.kind in ("openai", "anthropic") else 3600.0 if prof.kind == "gemini" else math.inf
+    ttl = 300.0 if prof.kind in ("openai", "anthropic") else math.inf  # (client, gemini: the TTL is the rules')
     return ttl, prof.block or 1, prof.min_prefix or 0
 
 

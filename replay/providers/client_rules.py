@@ -22,9 +22,8 @@ profiles ``anthropic-claude-code``, ``openai-responses`` and ``gemini-*`` in
   tokens (scaled to ours by the request's own ratio of our prompt tokens to
   the provider's), 0 below the model's minimum in provider tokens; TTL 1 hour
   (none documented: minutes to hours). ``docs/realised.md`` has the evidence.
-* **DeepSeek**: the ``deepseek`` walk profile (64-token units, prompt +
-  output, account-wide, no expiry).
-* anything else: the ideal contract on the tenant's caches.
+* DeepSeek (its ``deepseek`` walk profile) and anything else (the ideal
+  contract) are judged by the caller (``replay.providers.realised``).
 """
 
 from __future__ import annotations
@@ -36,14 +35,12 @@ from typing import Any
 import numpy as np
 
 from replay.core import hits
-from replay.core.grid import Grid
-from replay.core.prompts import Prompt
+from replay.core.prompts import Prompt, iter_prompts
 from replay.core.replay import replay_prompts
 from replay.core.times import US_PER_S
 from replay.providers.catalog import ANTHROPIC_MIN_TOKENS, GEMINI_MIN_TOKENS, model_family
 from replay.providers.hidden import hidden_tokens, infer_lengths
 from replay.providers.layouts import block_ends
-from replay.providers.request_hits import request_hits
 from replay.providers.simulators import (ANTHROPIC_1H_US, ANTHROPIC_5M_US, AnthropicRequest, openai_round,
                                          simulate_anthropic)
 
@@ -66,7 +63,7 @@ class RequestRow:
     client: str | None
     hidden_key: str | None
     backend: str | None
-    usage_prompt: int
+    usage_prompt: int | None
     usage_cached: int
     usage_write: int | None
     usage_write_1h: int | None
@@ -89,7 +86,7 @@ def _full(r: RequestRow, hidden: dict[str, int]) -> tuple[np.ndarray, int]:
 def _hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
     first: dict[str, tuple[int | None, int]] = {}
     for r in reqs:
-        if r.hidden_key and r.stream not in first:
+        if r.hidden_key and r.stream not in first and r.usage_prompt is not None:
             first[r.stream] = (r.usage_prompt, r.n_tokens)
     return infer_lengths(first)
 
@@ -99,24 +96,41 @@ def hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
     return _hidden_lengths(reqs)
 
 
-def judge(con, reqs: list[RequestRow]) -> list[tuple]:
-    """(request_id, provider, model, session, stream, prompt_tokens, hidden_tokens, predicted,
-    provider_prompt_tokens, realised, part) per request, requests in processing order."""
+def load_rows(con, with_usage_only: bool = True) -> list[RequestRow]:
+    """The tokenized requests (with the provider's usage only, by default), in processing order."""
+    meta = {r[0]: r[1:] for r in con.execute(f"""
+        SELECT request_id, format, client, hidden_key, backend, usage_prompt_tokens, usage_cached_tokens,
+               usage_cache_write_tokens, usage_write_1h_tokens
+        FROM requests {'WHERE usage_prompt_tokens IS NOT NULL' if with_usage_only else ''}""").fetchall()}
+    out = []
+    for p in iter_prompts(con):
+        m = meta.get(p.request_id)
+        if m is None:
+            continue
+        fmt, client, hkey, backend, up, uc, uw, u1h = m
+        out.append(RequestRow(p.request_id, p.ts, p.tenant, p.key, p.session, p.model, fmt, client, hkey, backend,
+                              up, int(uc or 0), uw, u1h, p.symbols, p.n_tokens))
+    return out
+
+
+#: the providers whose rules are judged here, by model family
+RULES = {"anthropic": lambda con, rs, hidden: _anthropic(con, rs, hidden),
+         "openai": lambda con, rs, hidden: _openai(con, rs, hidden),
+         "google": lambda con, rs, hidden: _gemini(con, rs, hidden)}
+
+
+def judge(con, reqs: list[RequestRow], family: str) -> list[tuple]:
+    """(prompt tokens, hidden tokens, predicted, part) per request of ``reqs`` (processing
+    order) under ``family``'s rules (:data:`RULES`); a stream's first request whose
+    hidden prefix was inferred is marked ``hidden-part inference``."""
     hidden = _hidden_lengths(reqs)
-    groups: dict[str, list[RequestRow]] = {}
-    for r in reqs:
-        groups.setdefault(model_family(r.model).family, []).append(r)
-    out: list[tuple] = []
-    for fam, rs in groups.items():
-        fn = {"anthropic": _anthropic, "openai": _openai, "google": _gemini, "deepseek": _deepseek}.get(fam, _ideal)
-        provider = fam if fam != "unknown" else "other"
-        seen_stream: set[str] = set()
-        for r, (full_n, h, pred, part) in zip(rs, fn(con, rs, hidden)):
-            if h and r.stream not in seen_stream:
-                part = "hidden-part inference"
-            seen_stream.add(r.stream)
-            out.append((r.request_id, provider, r.model, r.session, r.stream, full_n, h, int(pred),
-                        r.usage_prompt, r.usage_cached, part))
+    seen: set[str] = set()
+    out = []
+    for r, (n, h, pred, part) in zip(reqs, RULES[family](con, reqs, hidden)):
+        if h and r.stream not in seen:
+            part = "hidden-part inference"
+        seen.add(r.stream)
+        out.append((n, h, int(pred), part))
     return out
 
 
@@ -189,8 +203,9 @@ def _openai(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
     out = []
     for r, (gaps, depths), (n, h) in zip(rs, walks, lens):
         L = hits.depth_under(gaps, depths, OPENAI_TTL_US)
-        pred = openai_round(L) if r.usage_prompt >= 1024 else 0
-        part = "minimum" if r.usage_prompt < 1024 else _gap_part(prev.get(r.stream), r.ts, OPENAI_TTL_US)
+        size = r.usage_prompt if r.usage_prompt is not None else n
+        pred = openai_round(L) if size >= 1024 else 0
+        part = "minimum" if size < 1024 else _gap_part(prev.get(r.stream), r.ts, OPENAI_TTL_US)
         prev[r.stream] = r.ts
         out.append((n, h, pred, part or "unexplained"))
     return out
@@ -203,30 +218,13 @@ def _gemini(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
     for r, (gaps, depths), (n, h) in zip(rs, walks, lens):
         minimum = GEMINI_MIN_TOKENS.get(model_family(r.model).profile.removeprefix("gemini-"), 4096)
         L = hits.depth_under(gaps, depths, GEMINI_TTL_US)
-        block = GEMINI_BLOCK * n / r.usage_prompt if r.usage_prompt else float(GEMINI_BLOCK)
-        pred = int(math.floor(L / block) * block) if r.usage_prompt >= minimum else 0
+        size = r.usage_prompt if r.usage_prompt is not None else n
+        block = GEMINI_BLOCK * n / size if size else float(GEMINI_BLOCK)
+        pred = int(math.floor(L / block) * block) if size >= minimum else 0
         before = prev.get(r.stream)
-        part = "minimum" if r.usage_prompt < minimum else _gap_part(before and before[0], r.ts, GEMINI_TTL_US)
+        part = "minimum" if size < minimum else _gap_part(before and before[0], r.ts, GEMINI_TTL_US)
         if part is None and before is not None and before[1] != r.backend:
             part = "backend split"
         prev[r.stream] = (r.ts, r.backend)
         out.append((n, h, min(pred, n), part or "unexplained"))
     return out
-
-
-# ----------------------------------------------------------------------------- walk profiles
-
-def _profile_hits(con, rs: list[RequestRow], profile: str, block: int, minimum: int) -> list[tuple]:
-    g = Grid(ttls=(math.inf,), blocks=(block,), min_prefixes=(minimum,), streams=("tenant",))
-    df = request_hits(con, profile, g)
-    got = dict(zip(df["request_id"].to_list(), df["hit"].to_list()))
-    return [(r.n_tokens, 0, int(got.get(r.request_id, 0)),
-             "minimum" if r.n_tokens < minimum else "unexplained") for r in rs]
-
-
-def _deepseek(con, rs, hidden):
-    return _profile_hits(con, rs, "deepseek", 64, 64)
-
-
-def _ideal(con, rs, hidden):
-    return _profile_hits(con, rs, "ideal", 1, 0)

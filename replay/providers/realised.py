@@ -4,12 +4,15 @@ beside what the provider actually cached (the usage in the log).
     from replay.providers.realised import realised
     rows = realised(con)            # one dict per (provider, model) and per provider ("model": "*")
 
-Every request with usage is judged by its provider's rules as its client uses
-them (``replay.providers.client_rules``: Anthropic as Claude Code places its
-breakpoints, OpenAI's automatic caching, Gemini's implicit cache per serving
-backend, DeepSeek's disk cache; other models by the ideal contract), on its
-prompt as we render and tokenize it, with the parts the log does not hold as
-opaque runs (``replay.providers.hidden``).
+Every request with usage is judged by the profile ``--profile auto`` gives its
+model (``replay.providers.auto.model_choices``): a coding agent's calls by its
+provider's rules as that agent uses them (``replay.providers.client_rules``:
+Anthropic as Claude Code places its breakpoints, OpenAI's Responses API as
+Codex uses it, with the parts the log does not hold as opaque runs —
+``replay.providers.hidden``), Gemini's implicit cache per serving backend,
+DeepSeek's disk cache, the other Anthropic and OpenAI models by their profiles
+at their judging configuration, unknown models by the ideal contract — each on
+its prompt as we render and tokenize it.
 
 Ratios, not counts: no local tokenizer counts Claude's, GPT-5's or Gemini's
 tokens. ``predicted_hit_ratio`` = our predicted hit tokens / our prompt tokens
@@ -44,10 +47,12 @@ from collections import defaultdict
 
 import polars as pl
 
+from replay.core.grid import Grid
 from replay.prepare import prepare
-from replay.providers.catalog import model_family
-from replay.providers.client_rules import PARTS, RequestRow, judge
-from replay.core.prompts import iter_prompts
+from replay.providers.auto import model_choices
+from replay.providers.catalog import get_profile, judging_config, model_family
+from replay.providers.client_rules import PARTS, RequestRow, judge, load_rows
+from replay.providers.request_hits import request_hits
 
 JSON_KEYS = ("provider", "model", "requests", "sessions", "prompt_tokens", "provider_prompt_tokens",
              "predicted_hit_ratio", "realised_hit_ratio", "gap_points", "inferred_share", "gap_parts")
@@ -55,21 +60,20 @@ JSON_KEYS = ("provider", "model", "requests", "sessions", "prompt_tokens", "prov
 LENGTH_BUCKETS = ((1, 1, "1"), (2, 5, "2–5"), (6, 20, "6–20"), (21, 100, "21–100"), (101, math.inf, "> 100"))
 
 
-def _requests(con) -> list[RequestRow]:
-    """Requests with usage, in processing order, with their tokens."""
-    meta = {r[0]: r[1:] for r in con.execute("""
-        SELECT request_id, format, client, hidden_key, backend, usage_prompt_tokens, usage_cached_tokens,
-               usage_cache_write_tokens, usage_write_1h_tokens
-        FROM requests WHERE usage_prompt_tokens IS NOT NULL""").fetchall()}
-    out = []
-    for p in iter_prompts(con):
-        m = meta.get(p.request_id)
-        if m is None:
-            continue
-        fmt, client, hkey, backend, up, uc, uw, u1h = m
-        out.append(RequestRow(p.request_id, p.ts, p.tenant, p.key, p.session, p.model, fmt, client, hkey, backend,
-                              int(up), int(uc or 0), uw, u1h, p.symbols, p.n_tokens))
-    return out
+def _profile_hits(con, rows: list[RequestRow], profile: str) -> list[tuple]:
+    """(prompt tokens, 0, predicted, part) per request under a profile of the catalog
+    at its judging configuration (``catalog.judging_config``), on its own caches."""
+    prof = get_profile(profile)
+    ttl, block, minimum = judging_config(prof)
+    stream = prof.streams[0] if prof.streams else "tenant"
+    g = Grid(ttls=(ttl,), blocks=(block,), min_prefixes=(minimum,),
+             streams=("tenant",) if stream == "org+key" else (stream,))
+    df = request_hits(con, prof, g)
+    if prof.kind == "anthropic":
+        df = df.filter(pl.col("ttl") == df["ttl"].min())
+    got = dict(zip(df["request_id"].to_list(), df["hit"].to_list()))
+    return [(r.n_tokens, 0, int(got.get(r.request_id, 0)), "minimum" if r.n_tokens < minimum else "unexplained")
+            for r in rows]
 
 
 def provider_of(model: str | None) -> str:
@@ -82,8 +86,17 @@ def judged(con, tokenizer=None, progress: bool = False) -> pl.DataFrame:
     prompt_tokens (ours, hidden included), hidden_tokens, predicted, provider_prompt_tokens,
     realised, part (the rule that decided it: module docstring)."""
     prepare(con, modes=(), tokenizer=tokenizer, progress=progress)  # prompts only
-    reqs = _requests(con)
-    rows = judge(con, reqs)
+    choices = model_choices(con)
+    by_profile: dict[str, list[RequestRow]] = {}
+    for r in load_rows(con):
+        by_profile.setdefault(choices[r.model].profile, []).append(r)
+    rows = []
+    for profile, rs in by_profile.items():
+        prof = get_profile(profile)
+        got = (judge(con, rs, prof.family) if prof.kind in ("client", "gemini")
+               else _profile_hits(con, rs, profile))
+        rows += [(r.request_id, provider_of(r.model), r.model, r.session, r.stream, n, h, pred,
+                  r.usage_prompt, r.usage_cached, part) for r, (n, h, pred, part) in zip(rs, got)]
     return pl.DataFrame(rows, schema={"request_id": pl.Int64, "provider": pl.Utf8, "model": pl.Utf8,
                                       "session": pl.Utf8, "stream": pl.Utf8, "prompt_tokens": pl.Int64,
                                       "hidden_tokens": pl.Int64, "predicted": pl.Int64,

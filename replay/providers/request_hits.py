@@ -10,6 +10,7 @@ first through ``replay.prepare``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ from replay.core.streams import stream_key
 from replay.core.times import ttl_us
 from replay.core.walks import read_walks
 from replay.prepare import prepare
+from replay.providers import client_rules
 from replay.providers.catalog import Profile, get_profile
 from replay.providers.layouts import DEFAULT_TTL, anthropic_layouts, one_block
 from replay.providers.mlx_cache import simulate_mlx
@@ -53,7 +55,8 @@ def request_hits(con, profile: str | Profile, grid: Grid | None = None, tokenize
         df = _walk_hits(con, prof, grid)
     else:
         prepare(con, modes=(), tokenizer=tokenizer, progress=progress)  # prompts only
-        sim = {"openai": _openai_sim, "mlx": _mlx_sim, "anthropic": _anthropic_sim, "gemini": _gemini_sim}[prof.kind]
+        sim = {"openai": _openai_sim, "mlx": _mlx_sim, "anthropic": _anthropic_sim, "client": _client_sim,
+               "gemini": _client_sim}[prof.kind]
         df = sim(con, prof, grid)
     if "write_5m" not in df.columns:
         df = df.with_columns((pl.col("prompt_tokens") - pl.col("hit")).alias("write_5m"),
@@ -166,32 +169,20 @@ def _openai_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
     return _frame(rows)
 
 
-GEMINI_BLOCK = 2048  # the implicit cache's unit, in the provider's tokens (docs/realised.md)
-
-
-def _gemini_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
-    """Gemini implicit caching: the contract's walk per stream and serving backend
-    (a backend the log names has its own cache), hits in 2048-token blocks of the
-    provider's tokens (scaled to ours by the request's own token ratio when the log
-    has usage), 0 below the model's minimum; the grid's TTLs."""
-    min_t = int(prof.min_prefix or 0)
-    reqs = _sim_requests(con, with_output=False)
-    extra = dict((r[0], r[1:]) for r in con.execute(
-        "SELECT request_id, backend, usage_prompt_tokens FROM requests").fetchall())
-    rows = []
-    for mode in grid.streams:
-        prompts = [Prompt(r.request_id, r.ts, f"{r.stream(mode)}|backend:{extra[r.request_id][0]}", None, None,
-                          np.asarray(r.tokens), None, None, r.n_tokens, r.model) for r in reqs]
-        walks = replay_prompts(prompts, modes=("tenant",), variants=("prompt",))[("prompt", "tenant")]
-        for r, (rid, _s, model, ts, n, gaps, depths, _o) in zip(reqs, walks):
-            usage = extra[rid][1]
-            block = GEMINI_BLOCK * n / usage if usage else float(GEMINI_BLOCK)
-            size = usage if usage is not None else n
-            for ttl in grid.ttls:
-                L = hits.depth_under(gaps, depths, ttl_us(ttl))
-                hit = 0 if size < min_t else min(n, int((L // block) * block))
-                rows.append((mode, rid, r.stream(mode), model, ts, n, float(ttl), 1, min_t, hit))
-    return _frame(rows)
+def _client_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
+    """A provider as its client uses it (``client_rules``: Claude Code's breakpoints,
+    OpenAI's Responses API, Gemini per backend), with the parts the log does not
+    hold inferred from usage: ``prompt_tokens`` counts them. The provider fixes the
+    cache and the TTL: the rows carry the profile's stream mode and ``ttl`` inf (the
+    rules' own TTLs, not the grid's)."""
+    rows = client_rules.load_rows(con, with_usage_only=False)
+    got = client_rules.RULES[prof.family](con, rows, client_rules.hidden_lengths(rows))
+    out = []
+    for mode in (prof.streams or grid.streams):
+        for r, (n, _h, hit, _part) in zip(rows, got):
+            s = stream_key(mode, r.tenant, r.key, r.session) if mode != "org+key" else r.stream
+            out.append((mode, r.request_id, s, r.model, r.ts, n, math.inf, 1, int(prof.min_prefix or 0), hit))
+    return _frame(out)
 
 
 def _anthropic_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
