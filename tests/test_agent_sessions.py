@@ -325,3 +325,83 @@ def _direct_count(client: str) -> tuple[int, int]:
                 prompt += p["info"]["last_token_usage"]["input_tokens"]
                 cached += p["info"]["last_token_usage"]["cached_input_tokens"]
     return cached, prompt
+
+
+# ----------------------------------------------------------------------------- fuzzed session files
+
+CANARY = "CANARY-prompt-text-7f3a"
+
+
+def _mutate_value(rng, v):
+    return rng.choice([None, 7, "x", [], {}, True, CANARY, [CANARY], {"text": CANARY}, -1.5, v])
+
+
+def _mutate(rng, rec):
+    """A random change to one parsed line: a key dropped, a value of another type, a
+    nested value replaced (parentUuid, message, usage, payload ...)."""
+    rec = json.loads(json.dumps(rec))
+    paths = []
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                paths.append(path + (k,))
+                if len(path) < 4:
+                    walk(v, path + (k,))
+        elif isinstance(obj, list) and obj and len(path) < 4:
+            paths.append(path + (0,))
+            walk(obj[0], path + (0,))
+    walk(rec, ())
+    if not paths:
+        return rec
+    path = rng.choice(paths)
+    parent = rec
+    for k in path[:-1]:
+        parent = parent[k]
+    if rng.random() < 0.3 and isinstance(parent, dict):
+        parent.pop(path[-1], None)
+    else:
+        parent[path[-1]] = _mutate_value(rng, parent[path[-1]])
+    return rec
+
+
+@pytest.mark.parametrize("seed", range(int(os.environ.get("REPLAY_FUZZ_SEEDS", "12"))))
+def test_fuzzed_session_files_account_for_every_line(tmp_path, seed):
+    import random
+    rng = random.Random(seed)
+    for name, recs in (("s.jsonl", claude_transcript()), ("rollout.jsonl", codex_rollout())):
+        recs = [dict(r, canary=CANARY) if rng.random() < 0.2 else r for r in recs]
+        lines = []
+        for r in recs * 2:
+            roll = rng.random()
+            if roll < 0.35:
+                lines.append(json.dumps(_mutate(rng, r)).encode())
+            elif roll < 0.45:
+                raw = json.dumps(r).encode()
+                lines.append(raw[:rng.randrange(1, len(raw))])  # a cut line
+            elif roll < 0.5:
+                lines.append(b'{"type": "assistant", "message": ' + CANARY.encode())
+            elif roll < 0.55:
+                continue  # a lost line: its children's parent is missing
+            else:
+                lines.append(json.dumps(r).encode())
+        rng.shuffle(lines) if seed % 3 == 0 else None
+        f = tmp_path / f"{seed}-{name}"
+        f.write_bytes(b"\n".join(lines) + (b"\n" if seed % 2 else b""))
+        con = api.open_db(str(tmp_path / f"{seed}-{name}.duckdb"))
+        s = api.ingest(con, [str(f)])
+        assert s.reconciles() and s.lines == len(lines)
+        (lines_n, loaded, context, rejected), = con.execute(
+            "SELECT lines, loaded, context, rejected FROM sources").fetchall()
+        assert lines_n == loaded + context + rejected == len(lines)
+        rej = con.execute("SELECT reason, detail, line_no FROM rejects").fetchall()
+        assert len(rej) == rejected
+        assert all(re_code(reason) and CANARY not in (detail or "") for reason, detail, _ in rej)
+        loaded_lines = [ln for (ln,) in con.execute("SELECT line_no FROM requests").fetchall()]
+        assert len(set(loaded_lines)) == len(loaded_lines) == loaded
+        assert not set(loaded_lines) & {ln for *_, ln in rej}
+
+
+def re_code(reason: str) -> bool:
+    import re
+    return re.fullmatch("[a-z_]+", reason) is not None

@@ -53,7 +53,8 @@ MAX_CHAIN = 1 << 20  # lines followed back along parentUuid before a chain is ca
 
 
 def is_claude_code(rec: dict) -> bool:
-    return (rec.get("type") in EVENT_TYPES and isinstance(rec.get("sessionId"), str)
+    typ = rec.get("type")
+    return (isinstance(typ, str) and typ in EVENT_TYPES and isinstance(rec.get("sessionId"), str)
             and ("uuid" in rec or rec.get("type") in ("file-history-snapshot", "queue-operation", "summary")))
 
 

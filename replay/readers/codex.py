@@ -47,11 +47,13 @@ OUTPUT_ITEMS = frozenset(("reasoning", "function_call", "custom_tool_call", "loc
 
 
 def is_codex(rec: dict) -> bool:
-    return rec.get("type") in LINE_TYPES and isinstance(rec.get("payload"), dict) and "timestamp" in rec
+    typ = rec.get("type")
+    return isinstance(typ, str) and typ in LINE_TYPES and isinstance(rec.get("payload"), dict) and "timestamp" in rec
 
 
 def _is_output(item: dict) -> bool:
-    return item.get("type") in OUTPUT_ITEMS or (item.get("type") == "message" and item.get("role") == "assistant")
+    typ = item.get("type")
+    return (isinstance(typ, str) and typ in OUTPUT_ITEMS) or (typ == "message" and item.get("role") == "assistant")
 
 
 def _text_of(v: Any) -> str:
@@ -116,7 +118,7 @@ def _convert_item(item: dict) -> dict:
     if typ in ("function_call_output", "custom_tool_call_output"):
         return {"type": "function_call_output", "output": item.get("output")}
     rest = {k: v for k, v in item.items() if k not in ("id", "call_id", "status")}
-    return {"role": "assistant" if typ in OUTPUT_ITEMS else "user", "content": [{"type": "json", "item": rest}]}
+    return {"role": "assistant" if _is_output(item) else "user", "content": [{"type": "json", "item": rest}]}
 
 
 def convert_codex(units: Iterable[tuple[int, Any]], opts) -> Iterator[tuple[int, Any]]:
