@@ -400,6 +400,10 @@ def test_fuzzed_session_files_account_for_every_line(tmp_path, seed):
         loaded_lines = [ln for (ln,) in con.execute("SELECT line_no FROM requests").fetchall()]
         assert len(set(loaded_lines)) == len(loaded_lines) == loaded
         assert not set(loaded_lines) & {ln for *_, ln in rej}
+        api.tokenize(con)  # every loaded request rendered and tokenized, or set aside with its reason
+        tokenized, aside = con.execute("SELECT (SELECT count(*) FROM prompts), (SELECT count(*) FROM set_aside)"
+                                       ).fetchone()
+        assert tokenized + aside == loaded
 
 
 def re_code(reason: str) -> bool:

@@ -105,9 +105,13 @@ def _convert_item(item: dict) -> dict:
     history keeps it, so every later prompt shares the same object)."""
     typ = item.get("type")
     if typ == "message":
-        return {"role": item.get("role") or "user", "content": item.get("content")}
+        role = item.get("role")
+        content = item.get("content")
+        return {"role": role if isinstance(role, str) else "user",
+                "content": content if isinstance(content, (str, list)) else None}
     if typ == "reasoning":
-        summary = "".join(_text_of(s) for s in item.get("summary") or () if isinstance(s, (dict, str)))
+        parts = item.get("summary")
+        summary = "".join(_text_of(s) for s in (parts if isinstance(parts, list) else ()))
         blocks: list = [{"type": "thinking", "thinking": summary}] if summary else []
         # the encrypted part: an opaque run of the producing call's reasoning tokens (filled in at its token_count)
         blocks.append({"type": "opaque", "id": "", "tokens": 0})
