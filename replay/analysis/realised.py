@@ -3,8 +3,11 @@ beside what its rules predict on the same requests (``replay.providers.realised`
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 
+from replay.analysis.report import _pyplot
 from replay.providers.realised import by_length, by_session, has_usage, judged, realised
 
 
@@ -12,7 +15,7 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
 
-def realised_section(con, out=None, tokenizer=None) -> str:
+def realised_section(con, out_dir=None, tokenizer=None) -> str:
     """Markdown; empty when no request carries the provider's usage."""
     if not has_usage(con):
         return ""
@@ -46,7 +49,37 @@ def realised_section(con, out=None, tokenizer=None) -> str:
         q = d.quantile(0.05), d.median(), d.quantile(0.95)
         out += ["", f"Per session, predicted − realised: p5 {q[0]:+.1f}, median {q[1]:+.1f}, p95 {q[2]:+.1f} points "
                 f"over {len(s):,} sessions."]
+        if out_dir is not None:
+            plot_sessions(s, Path(out_dir) / PLOT)
+            out += ["", f"![predicted against realised per session]({PLOT})"]
     return "\n".join(out)
+
+
+PLOT = "realised_by_session.png"
+
+
+def plot_sessions(s: pl.DataFrame, path: Path | None = None):
+    """Predicted against realised hit ratio, one point per session (its size: its
+    calls), one colour per provider; the diagonal is agreement. Saved to ``path``,
+    else returned (a matplotlib figure, for a notebook)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for (prov,), part in s.group_by(["provider"], maintain_order=True):
+        ax.scatter(100 * part["realised_ratio"].to_numpy(), 100 * part["predicted_ratio"].to_numpy(),
+                   s=8 + 2 * part["calls"].clip(upper_bound=200).to_numpy() ** 0.75, alpha=0.6, label=prov)
+    ax.plot([0, 100], [0, 100], color="grey", linewidth=0.8, linestyle="--")
+    ax.set_xlabel("realised hit ratio (%): the provider's usage")
+    ax.set_ylabel("predicted hit ratio (%): its rules, our tokens")
+    ax.set_xlim(0, 100)
+    ax.set_ylim(0, 100)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("Per session (point size: calls)", fontsize=10)
+    fig.tight_layout()
+    if path is None:
+        return fig
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
 
 
 def session_frame(con, tokenizer=None) -> pl.DataFrame:
