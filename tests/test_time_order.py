@@ -140,7 +140,8 @@ def test_ingest_json_lists_the_unordered_files(files, tmp_path):
                                     "--db", str(tmp_path / "x.duckdb"), "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert set(out) == {"files", "lines", "loaded", "rejected", "skipped_files", "by_reason", "unordered_files"}
+    assert set(out) == {"files", "lines", "loaded", "context", "rejected", "skipped_files", "by_reason",
+                        "unordered_files"}
     assert out["unordered_files"] == [{"path": str(files["reversed"]), "order": "reversed"}]
     # without --json, the summary on stderr names it
     res = CliRunner().invoke(main, ["ingest", str(files["shuffled"]), "--db", str(tmp_path / "x.duckdb")])
