@@ -22,7 +22,7 @@ from replay.analysis.buy import COST_KEYS, CostModel, cost_figures
 from replay.core.capacity import ROUTINGS, CapacityPass, Router, Segments, counts, hit_blocks
 from replay.core.prompts import REPLAYABLE, iter_prompts
 from replay.core.sampled import SampledPass, SampledRefs, sampled_counts
-from replay.core.simulate import BlockLogBuilder, simulate
+from replay.core.simulate import POLICIES as EVICTION_POLICIES, BlockLogBuilder, simulate
 from replay.core.streams import check_modes, stream_key
 from replay.core.tiers import TierSpec, check_tiers, format_tiers, tier_depths
 from replay.core.times import INF_US, ttl_us
@@ -40,7 +40,7 @@ SCHEMA = {"stream": pl.String, "ttl_s": pl.Float64, "block": pl.Int64, "capacity
 TIER_SCHEMA = {"tiers": pl.String, "tier_hit_tokens": pl.List(pl.Struct({"tier": pl.String, "tokens": pl.Int64}))}
 COST_SCHEMA = {k: pl.String if k == "gpu" else pl.Int64 if k.startswith("gpus_") else pl.Float64 for k in COST_KEYS}
 ALL_ROUTINGS = ROUTINGS + ("prefix",)
-POLICIES = ("lru", "belady")
+POLICIES = tuple(EVICTION_POLICIES)  # ("lru", "belady")
 
 
 @dataclass
