@@ -30,6 +30,7 @@ from replay.analysis.near import WARNING as NEAR_WARNING, SemanticMissing, near_
 from replay.analysis.labels import audit_sample, candidate_pairs, read_labels, store_labels  # noqa: F401
 from replay.analysis.labels import near_rates, stratified_sample, summarize as summarize_labels, write_export  # noqa: F401
 from replay.analysis.memory import memory_figures, memory_section, plot_memory  # noqa: F401
+from replay.analysis.what_to_buy import buy_figures, buy_section  # noqa: F401
 from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
 from replay.analysis.overview import idle_gaps, overview  # noqa: F401
 from replay.analysis.origin import origin_figures, origin_section, routable_shares  # noqa: F401
@@ -73,7 +74,7 @@ __all__ = ["open_db", "remove_db", "ingest", "load_tokenizer", "tokenize", "prep
            "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
            "CostModel", "COST_KEYS", "parse_tiers", "get_gpu", "known_gpus", "compute_for", "cost_model",
-           "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
+           "memory_figures", "memory_section", "plot_memory", "buy_figures", "buy_section", "exact_duplicates", "duplicates_section",
            "near_duplicates", "trend", "trend_section", "top_prefixes", "prefixes_section",
            "origin_section", "show_request", "Grid", "format_ttl", "parse_ttl"]
 

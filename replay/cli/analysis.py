@@ -231,10 +231,17 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
         gib = "-" if r["capacity_bytes"] is None else f"{r['capacity_bytes'] / 2**30:.2f}"
         click.echo(f"{r['stream']:<8} {api.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['capacity_blocks']:>12,} "
                    f"{gib:>9} {r['replicas']:>3} {r['routing']:<12} {r['policy']:<7} {100 * r['hit_ratio']:>6.1f} "
-                   f"{100 * r['warm_hit_ratio']:>7.1f} {100 * r['max_replica_share']:>7.1f}%"
-                   + (f"  {r['tiers']}: " + ", ".join(f"{k} {100 * v / r['prompt_tokens'] if r['prompt_tokens'] else 0:.1f}%"
-                                                        for k, v in r["tier_hit_tokens"].items()) if "tiers" in r else "")
-                   + (f"  prefill {r['prefill_gpu_hours_week']:.1f} GPU-h/wk (uncached "
-                      f"{r['prefill_gpu_hours_week_uncached']:.1f}), {r['gpus_peak_hour']} GPUs at peak"
-                      if r.get("prefill_gpu_hours_week") is not None else ""))
+                   f"{100 * r['warm_hit_ratio']:>7.1f} {100 * r['max_replica_share']:>7.1f}%" + _extras(r))
 
+
+def _extras(r: dict) -> str:
+    """A row's tiers (each one's share of the prompt tokens) and prefill figures, where it has them."""
+    out = ""
+    if "tiers" in r:
+        prompt = r["prompt_tokens"] or 1
+        share = {k: 100 * v / prompt for k, v in r["tier_hit_tokens"].items()}
+        out += f"  {r['tiers']}: " + ", ".join(f"{k} {v:.1f}%" for k, v in share.items())
+    if r.get("prefill_gpu_hours_week") is not None:
+        out += (f"  prefill {r['prefill_gpu_hours_week']:.1f} GPU-h/wk (uncached "
+                f"{r['prefill_gpu_hours_week_uncached']:.1f}), {r['gpus_peak_hour']} GPUs at peak")
+    return out

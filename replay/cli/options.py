@@ -157,7 +157,8 @@ def cost_options(model, model_config, kv_bytes_per_token, gpu, gpu_tflops, gpu_h
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     if cost is None and (gpu or gpu_tflops):
-        raise click.ClickException("the prefill cost model needs the model's shape: pass --model or --model-config")
+        raise click.ClickException("the prefill cost model needs the model's shape: "
+                                   "pass --model or --model-config")
     return cost
 
 

@@ -23,6 +23,7 @@ class Gpu:
     hbm_bytes_s: float
     host_bytes_s: float
     source: str = "given"
+    memory_bytes: float | None = None  # (table GPUs: what the report sizes GPU memory by)
 
 
 @lru_cache(maxsize=None)
@@ -60,6 +61,7 @@ def get_gpu(name: str | None, tflops: float | None = None, hbm_gb_s: float | Non
     return Gpu(key=name.lower() if name else "custom", name=base.get("name", "custom"),
                flops=float(merged["dense_bf16_tflops"]) * 1e12, hbm_bytes_s=float(merged["hbm_gb_s"]) * 1e9,
                host_bytes_s=float(merged["host_link_gb_s"]) * 1e9,
+               memory_bytes=float(base["memory_gb"]) * 1e9 if "memory_gb" in base else None,
                source=("given" if name is None else base["source"] + ("; figures overridden" if overridden else "")))
 
 

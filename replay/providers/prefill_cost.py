@@ -34,27 +34,24 @@ from replay.providers.gpus import Gpu
 from replay.providers.kv import MODELS, model_shape
 
 #: Shapes of common open models, read from each model's config.json on Hugging Face (2026-12).
+def _dense(vocab: int, layers: int, hidden: int, mlp: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+    return dict(vocab_size=vocab, num_hidden_layers=layers, hidden_size=hidden, intermediate_size=mlp,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim)
+
+
 CONFIGS: dict[str, dict] = {
-    "llama-3.1-8b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=128),
-    "llama-3.1-70b": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
-                          num_key_value_heads=8, head_dim=128),
-    "llama-3.3-70b": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=28672, num_attention_heads=64,
-                          num_key_value_heads=8, head_dim=128),
-    "qwen2.5-7b": dict(num_hidden_layers=28, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
-                       num_key_value_heads=4, head_dim=128),
-    "qwen2.5-72b": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=29568, num_attention_heads=64,
-                        num_key_value_heads=8, head_dim=128),
-    "qwen3-8b": dict(num_hidden_layers=36, hidden_size=4096, intermediate_size=12288, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128),
-    "qwen3-32b": dict(num_hidden_layers=64, hidden_size=5120, intermediate_size=25600, num_attention_heads=64,
-                      num_key_value_heads=8, head_dim=128),
-    "mistral-7b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128),
-    "deepseek-v3": dict(num_hidden_layers=61, hidden_size=7168, intermediate_size=18432, num_attention_heads=128,
-                        q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                        v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
-                        moe_intermediate_size=2048, first_k_dense_replace=3),
+    "llama-3.1-8b": _dense(128256, 32, 4096, 14336, 32, 8, 128),
+    "llama-3.1-70b": _dense(128256, 80, 8192, 28672, 64, 8, 128),
+    "llama-3.3-70b": _dense(128256, 80, 8192, 28672, 64, 8, 128),
+    "qwen2.5-7b": _dense(152064, 28, 3584, 18944, 28, 4, 128),
+    "qwen2.5-72b": _dense(152064, 80, 8192, 29568, 64, 8, 128),
+    "qwen3-8b": _dense(151936, 36, 4096, 12288, 32, 8, 128),
+    "qwen3-32b": _dense(151936, 64, 5120, 25600, 64, 8, 128),
+    "mistral-7b": _dense(32768, 32, 4096, 14336, 32, 8, 128),
+    "deepseek-v3": dict(vocab_size=129280, num_hidden_layers=61, hidden_size=7168, intermediate_size=18432,
+                        num_attention_heads=128, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                        qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8,
+                        n_shared_experts=1, moe_intermediate_size=2048, first_k_dense_replace=3),
 }
 CONFIGS["deepseek-r1"] = CONFIGS["deepseek-v3"]
 
@@ -69,6 +66,7 @@ class ModelCompute:
     attention_flops_per_pair: float
     weight_bytes: float
     kv_bytes_per_token: int
+    embedding_bytes: float = 0.0  # (input and output embeddings: memory, not prefill FLOPs)
 
 
 def _linear_weights(cfg: dict) -> tuple[float, float]:
@@ -110,8 +108,9 @@ def model_compute(cfg: dict, kv_bytes_per_token: int, name: str = "model", weigh
     """The cost figures of a model given its config.json's fields."""
     cfg = cfg.get("text_config", cfg)
     active, total = _linear_weights(cfg)
+    embeddings = cfg.get("vocab_size", 0) * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2)
     return ModelCompute(name, 2.0 * active, _attention_per_pair(cfg), float(total * weight_bytes),
-                        int(kv_bytes_per_token))
+                        int(kv_bytes_per_token), float(embeddings * weight_bytes))
 
 
 def compute_for(model: str | None = None, model_config: str | Path | None = None,
