@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from replay.providers.gpus import Gpu
-from replay.providers.kv import MODELS, model_shape
+from replay.providers.kv import MODELS, from_config, model_shape
 
 #: Shapes of common open models, read from each model's config.json on Hugging Face (2026-12).
 def _dense(vocab: int, layers: int, hidden: int, mlp: int, heads: int, kv_heads: int, head_dim: int) -> dict:
@@ -130,15 +130,13 @@ def compute_for(model: str | None = None, model_config: str | Path | None = None
         cfg, name = CONFIGS[key], key
     else:
         return None
-    if kv_bytes_per_token is None:
-        from replay.providers.kv import from_config
-
-        if model_config is not None:
-            shape, size = from_config(model_config)
-            kv_bytes_per_token = shape.bytes_per_token(size)
-        else:
-            kv_bytes_per_token = (MODELS.get(name) or model_shape(name)).bytes_per_token(2)
-    return model_compute(cfg, kv_bytes_per_token, name)
+    size = 2  # bf16 weights unless the config says otherwise
+    if model_config is not None:
+        shape, size = from_config(model_config)
+        kv_bytes_per_token = kv_bytes_per_token or shape.bytes_per_token(size)
+    elif kv_bytes_per_token is None:
+        kv_bytes_per_token = (MODELS.get(name) or model_shape(name)).bytes_per_token(2)
+    return model_compute(cfg, kv_bytes_per_token, name, weight_bytes=size)
 
 
 def prefill_seconds(m: ModelCompute, gpu: Gpu, new, cached, utilisation: float) -> np.ndarray:
