@@ -21,7 +21,7 @@ from replay.analysis.buy import COST_KEYS, CostModel  # noqa: F401
 from replay.analysis.capacity import CapacityGrid, capacity  # noqa: F401
 from replay.core.tiers import parse_tiers  # noqa: F401
 from replay.providers.gpus import get_gpu, known_gpus  # noqa: F401
-from replay.providers.prefill_cost import compute_for  # noqa: F401
+from replay.providers.prefill_cost import CONFIGS as _COST_CONFIGS, compute_for  # noqa: F401
 from replay.analysis.duplicates import duplicates_section, exact_duplicates  # noqa: F401
 from replay.analysis.export import TARGETS as EXPORT_TARGETS, TEXT_TARGETS as EXPORT_TEXT_TARGETS  # noqa: F401
 from replay.analysis.export import ExportRefused, ExportSummary, TextRefused, export as export_trace  # noqa: F401
@@ -73,11 +73,12 @@ __all__ = ["open_db", "remove_db", "ingest", "load_tokenizer", "tokenize", "prep
            "replay_engine", "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif",
            "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
-           "CostModel", "COST_KEYS", "parse_tiers", "get_gpu", "known_gpus", "compute_for", "cost_model",
+           "CostModel", "COST_KEYS", "COST_MODELS", "parse_tiers", "get_gpu", "known_gpus", "compute_for", "cost_model",
            "memory_figures", "memory_section", "plot_memory", "buy_figures", "buy_section", "exact_duplicates", "duplicates_section",
            "near_duplicates", "trend", "trend_section", "top_prefixes", "prefixes_section",
            "origin_section", "show_request", "Grid", "format_ttl", "parse_ttl"]
 
+COST_MODELS = tuple(_COST_CONFIGS)  # the models the prefill cost model knows by name
 open_db = db.connect
 remove_db = db.remove
 

@@ -123,6 +123,20 @@ def test_hand_case_demotion_and_the_pool():
     assert tier_depths(segs[1], pool[1], US - 1, [1, 1], 2).T.tolist()[3] == [0, 0, 0]
 
 
+def test_hand_case_empty_prompts_partial_blocks_and_ties():
+    """Block 2: an empty prompt and a 3-token prompt (its last block partial: neither
+    hit nor stored) at the same time as the requests before them (ties: input
+    order). Tier 1 of one block, tier 2 of one, no pool, one replica."""
+    reqs = [oracle.OracleRequest(ts=0, tokens=toks) for toks in ([1, 2, 3, 4], [], [1, 2, 3], [1, 2, 3, 4, 5])]
+    want = tier_hits(reqs, "global", 2, (1, 1), None, INF_US, [0] * 4)
+    # request 2: block [1 2] in tier 1 (the parent, most recent); request 3: [1 2] in tier 1 and
+    # [1 2 3 4] in tier 2, where request 2's touch of [1 2] demoted it (its partial block stored nothing)
+    assert want == [[0, 0], [0, 0], [2, 0], [2, 2]]
+    segs, replica_of = _engine(reqs, "global", (2,), 1)
+    assert (tier_depths(segs[2], None, INF_US, [1, 1]) * 2).T.tolist() == want
+    assert (tier_depths(segs[2], None, INF_US, [1, 0]) * 2).T.tolist() == [[0, 0], [0, 0], [2, 0], [2, 0]]
+
+
 def test_tier_lists_parse_and_refuse_what_the_contract_does_not_define():
     assert parse_tiers("hbm:40GiB, dram:256GiB,store:4TiB:pooled:25GB/s") == (
         TierSpec("hbm", "40GiB"), TierSpec("dram", "256GiB"), TierSpec("store", "4TiB", True, "25GB/s"))

@@ -144,7 +144,8 @@ def gpu_options(f):
                           "any accelerator).")(f)
     f = click.option("--gpu", default=None,
                      help=f"GPU for the prefill cost model: {', '.join(api.known_gpus())} "
-                          "(replay/providers/gpus.toml: datasheet figures and sources).")(f)
+                          "(replay/providers/gpus.toml: datasheet figures and sources). Needs the model's shape: "
+                          f"--model {', '.join(api.COST_MODELS)}, or --model-config.")(f)
     return f
 
 
