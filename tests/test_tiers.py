@@ -252,3 +252,29 @@ def test_the_cost_keys_equal_the_cost_model_on_the_hierarchys_hits(tmp_path):
     assert plain.exit_code == 0 and not set(COST_KEYS) & set(json.loads(plain.stdout)[0])
     refused = CliRunner().invoke(main, args[:6] + ["--gpu", "h100", "--json"])
     assert refused.exit_code != 0 and "--model" in refused.output
+
+
+def test_simulated_rows_are_priced_from_their_own_hits(tmp_path):
+    """Prefix routing and Belady rows carry the cost keys too: the cost model on the
+    rule's per-request hits (``oracle.capacity_hits_by_rule``), all in GPU memory."""
+    from replay.analysis.buy import COST_KEYS, CostModel, cost_figures
+    from replay.providers import gpus
+    from replay.providers.prefill_cost import compute_for
+    import numpy as np
+
+    reqs = random_requests(23, n=30, alphabet=2, max_len=300, gaps=(0, 60, 600))
+    log = tmp_path / "log.jsonl"
+    _write_tokens_log(log, reqs)
+    res = CliRunner().invoke(main, ["capacity", str(log), "--db", str(tmp_path / "c.duckdb"), "--block", "16",
+                                    "--capacity", "4", "--replicas", "2", "--routing", "prefix", "--model",
+                                    "qwen3-8b", "--gpu", "l40s", "--json"])
+    assert res.exit_code == 0, res.output
+    (row,) = json.loads(res.stdout)
+    order = oracle.time_order(reqs)
+    want, _ = oracle.capacity_hits_by_rule(reqs, "global", 16, 4, INF_US, 2, routing="prefix")
+    cost = CostModel(compute_for("qwen3-8b"), gpus.get_gpu("l40s"))
+    figures = cost_figures(cost, np.array([len(reqs[i].tokens) for i in order]), np.array([reqs[i].ts for i in order]),
+                           np.ones(len(reqs), bool), np.array([[want[i] for i in order]]), [math.inf])
+    assert row["hit_tokens"] == sum(want)
+    for k in COST_KEYS:
+        assert row[k] == (pytest.approx(figures[k]) if isinstance(figures[k], float) else figures[k]), k

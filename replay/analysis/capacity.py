@@ -131,7 +131,7 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
     configuration (``capacity_blocks``/``capacity_bytes``: its first tier's)
     with columns ``tiers`` and ``tier_hit_tokens`` (tokens each tier serves,
     adding up to hit_tokens); with ``cost``, the :data:`COST_KEYS` of
-    ``replay.analysis.buy`` (null on simulated rows)."""
+    ``replay.analysis.buy``."""
     grid = grid or CapacityGrid()
     prepare(con, modes=(), tokenizer=tokenizer, progress=progress)
     configs = [(m, r, ro) for m in grid.streams for r in grid.replicas for ro in grid.routings_for(r)]
@@ -163,8 +163,8 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
                                            n, cost)
                     continue
                 if grid.simulated(r, ro, policy):
-                    figures = _simulated(logs[key].log, grid, caps[key], r, ro, policy, n)
-                    costs = None
+                    costs = {} if cost else None  # (filled by the simulation: its per-request hits)
+                    figures = _simulated(logs[key].log, grid, caps[key], r, ro, policy, n, cost, costs)
                 else:
                     figures = _one_pass(segments[(m, r, ro)][b], grid, caps[key], n)
                     costs = _plain_costs(segments[(m, r, ro)][b], grid, caps[key], cost) if cost else None
@@ -243,7 +243,7 @@ def _one_pass(seg: Segments | SampledRefs, grid: CapacityGrid, caps: list[int], 
 
 
 def _simulated(log, grid: CapacityGrid, caps: list[int], replicas: int, routing: str, policy: str,
-               n: int) -> _Figures:
+               n: int, cost: CostModel | None = None, costs: dict | None = None) -> _Figures:
     ttls = [ttl_us(t) for t in grid.ttls]
     shape = (len(ttls), len(caps))
     hit, whit, share = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64), np.zeros(shape)
@@ -253,12 +253,15 @@ def _simulated(log, grid: CapacityGrid, caps: list[int], replicas: int, routing:
     if routing != "prefix":
         router = Router(replicas, routing, grid.seed, len(log))
         replica_of = np.array([router(i, k) for i, k in enumerate(log.keys)], dtype=np.int64)
+    tokens = np.asarray(log.prompt_tokens, dtype=np.int64)
     for ci, c in enumerate(caps):
         h, where = simulate(log, c, ttls, replicas, replica_of, "prefix" if replica_of is None else "fixed", policy)
         hit[:, ci], whit[:, ci] = h[:, meas].sum(axis=1), h[:, warm].sum(axis=1)
         for ti in range(len(ttls)):
             share[ti, ci] = np.bincount(where[ti], minlength=replicas).max() / n if n else 0.0
-    tokens = np.asarray(log.prompt_tokens, dtype=np.int64)
+            if cost is not None:
+                costs[(ti, ci)] = cost_figures(cost, tokens, np.asarray(log.ts, dtype=np.int64), meas,
+                                               h[ti][None, :], [math.inf])
     return _Figures(hit, whit, share, int(tokens[meas].sum()), int(tokens[warm].sum()), int(meas.sum()))
 
 
