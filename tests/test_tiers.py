@@ -252,6 +252,8 @@ def test_the_cost_keys_equal_the_cost_model_on_the_hierarchys_hits(tmp_path):
     assert plain.exit_code == 0 and not set(COST_KEYS) & set(json.loads(plain.stdout)[0])
     refused = CliRunner().invoke(main, args[:6] + ["--gpu", "h100", "--json"])
     assert refused.exit_code != 0 and "--model" in refused.output
+    refused = CliRunner().invoke(main, args[:6] + ["--gpu-price", "2", "--json"])
+    assert refused.exit_code != 0 and "--gpu NAME" in refused.output
 
 
 def test_simulated_rows_are_priced_from_their_own_hits(tmp_path):

@@ -193,9 +193,15 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     Tiers (--tier): each configuration's rows add `tiers` and `tier_hit_tokens`
     (tier name -> hit tokens it serves; they add up to hit_tokens). A
     replica's tiers are one LRU hierarchy; a pooled tier is one LRU over every
-    request. With --gpu (or its figures) and --model: prefill GPU-hours per
-    week without and with the cache (compute + loads from lower tiers), GPUs
-    at the busiest hour, dollars with --gpu-price (docs/semantics.md).
+    request. With --gpu (or its figures) and --model, each row adds: gpu,
+    prefill_gpu_hours_week_uncached and prefill_gpu_hours_week (prefill
+    GPU-hours a week at the log's rate, without and with the cache; the
+    latter includes load_gpu_hours_week, loading lower tiers' hits),
+    gpu_hours_saved_week, gpus_peak_hour_uncached and gpus_peak_hour (GPUs
+    the busiest clock hour needs at --target-utilisation), and with
+    --gpu-price prefill_dollars_week[_uncached] (GPU-hours x price) and
+    fleet_dollars_week[_uncached] (GPUs at the busiest hour x 168 h x
+    price); docs/semantics.md, "Capacity".
     """
     bpt, _ = kv_model(model, model_config, kv_bytes_per_token, kv_dtype)
     cost = cost_options(model, model_config, bpt, gpu, gpu_tflops, gpu_hbm, gpu_host_link, gpu_price, mfu,

@@ -157,6 +157,8 @@ def cost_options(model, model_config, kv_bytes_per_token, gpu, gpu_tflops, gpu_h
                               gpu_price, mfu, target_utilisation)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
+    if cost is None and gpu_price is not None and not (gpu or gpu_tflops):
+        raise click.ClickException("--gpu-price prices a GPU: pass --gpu NAME (or its figures) and --model")
     if cost is None and (gpu or gpu_tflops):
         raise click.ClickException("the prefill cost model needs the model's shape: "
                                    "pass --model or --model-config")
