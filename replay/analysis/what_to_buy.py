@@ -85,11 +85,16 @@ def recommend(df: pl.DataFrame, options: list[str]) -> dict:
 
 
 def _money(x) -> str:
-    return "–" if x is None else f"${x:,.0f}"
+    return "–" if x is None else f"${x:,.0f}" if abs(x) >= 100 else f"${x:,.2f}"
 
 
 def _hours(x) -> str:
-    return "–" if x is None else f"{x:,.1f}"
+    """Three significant figures below 100 (a small log's week is a fraction of an hour)."""
+    return "–" if x is None else f"{x:,.1f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _gpus(n: int) -> str:
+    return f"{n} GPU" + ("" if n == 1 else "s")
 
 
 def buy_markdown(f: dict, cost: CostModel) -> list[str]:
@@ -122,7 +127,7 @@ def buy_markdown(f: dict, cost: CostModel) -> list[str]:
     best = recommend(df, f["options"])
     saved = best["gpu_hours_saved_week"]
     text = (f"**Buy: {best['option'].lstrip('+ ')}, {best['routing']} routing** — {100 * best['hit_ratio']:.1f} % "
-            f"of prompt tokens from cache, {best['gpus_peak_hour']} GPUs at the busiest hour instead of "
+            f"of prompt tokens from cache, {_gpus(best['gpus_peak_hour'])} at the busiest hour instead of "
             f"{uncached['gpus_peak_hour_uncached']}")
     text += f", {_hours(saved)} prefill GPU-hours a week saved" if saved is not None else ""
     text += (f" ({_money(saved * cost.price)} a week)." if saved is not None and cost.price is not None else ".")
