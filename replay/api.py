@@ -17,7 +17,11 @@ from contextlib import nullcontext as _nullcontext
 
 import polars as pl
 
+from replay.analysis.buy import COST_KEYS, CostModel  # noqa: F401
 from replay.analysis.capacity import CapacityGrid, capacity  # noqa: F401
+from replay.core.tiers import parse_tiers  # noqa: F401
+from replay.providers.gpus import get_gpu, known_gpus  # noqa: F401
+from replay.providers.prefill_cost import CONFIGS as _COST_CONFIGS, compute_for  # noqa: F401
 from replay.analysis.duplicates import duplicates_section, exact_duplicates  # noqa: F401
 from replay.analysis.export import TARGETS as EXPORT_TARGETS, TEXT_TARGETS as EXPORT_TEXT_TARGETS  # noqa: F401
 from replay.analysis.export import ExportRefused, ExportSummary, TextRefused, export as export_trace  # noqa: F401
@@ -26,6 +30,7 @@ from replay.analysis.near import WARNING as NEAR_WARNING, SemanticMissing, near_
 from replay.analysis.labels import audit_sample, candidate_pairs, read_labels, store_labels  # noqa: F401
 from replay.analysis.labels import near_rates, stratified_sample, summarize as summarize_labels, write_export  # noqa: F401
 from replay.analysis.memory import memory_figures, memory_section, plot_memory  # noqa: F401
+from replay.analysis.what_to_buy import buy_figures, buy_section  # noqa: F401
 from replay.analysis.diagnose import diagnose, diff_view, format_text, miss_parts, why_miss_section  # noqa: F401
 from replay.analysis.overview import idle_gaps, overview  # noqa: F401
 from replay.analysis.origin import origin_figures, origin_section, routable_shares  # noqa: F401
@@ -71,10 +76,12 @@ __all__ = ["open_db", "remove_db", "ingest", "load_tokenizer", "tokenize", "prep
            "replay_engine", "idle_gaps", "overview", "diagnose", "miss_parts", "diff_view", "whatif",
            "write_report",
            "list_profiles", "get_profile", "requests_count", "capacity", "CapacityGrid", "kv_bytes_per_token",
-           "memory_figures", "memory_section", "plot_memory", "exact_duplicates", "duplicates_section",
+           "CostModel", "COST_KEYS", "COST_MODELS", "parse_tiers", "get_gpu", "known_gpus", "compute_for", "cost_model",
+           "memory_figures", "memory_section", "plot_memory", "buy_figures", "buy_section", "exact_duplicates", "duplicates_section",
            "near_duplicates", "trend", "trend_section", "top_prefixes", "prefixes_section",
            "origin_section", "show_request", "Grid", "format_ttl", "parse_ttl"]
 
+COST_MODELS = tuple(_COST_CONFIGS)  # the models the prefill cost model knows by name
 open_db = db.connect
 remove_db = db.remove
 
@@ -131,3 +138,14 @@ def profile_sweep(con, profiles, grid: Grid | None = None, by_stream=False, toke
 def requests_count(con) -> int:
     """How many requests the database holds."""
     return con.execute("SELECT count(*) FROM requests").fetchone()[0]
+
+
+def cost_model(model=None, model_config=None, kv_bytes_per_token=None, gpu=None, gpu_tflops=None, gpu_hbm=None,
+               gpu_host_link=None, price=None, utilisation=0.5, target=0.7) -> CostModel | None:
+    """The prefill cost model of a model on a GPU (``replay.analysis.buy``), or None
+    unless both a model (name or config.json) and a GPU (name or figures) are given."""
+    g = get_gpu(gpu, gpu_tflops, gpu_hbm, gpu_host_link)
+    m = compute_for(model, model_config, kv_bytes_per_token) if (model or model_config) and g else None
+    if g is None or m is None:
+        return None
+    return CostModel(m, g, utilisation, target, price)

@@ -103,7 +103,7 @@ def test_parse_warmup_and_the_cut_are_exact():
 
 # ------------------------------------------------------------------ capacity
 
-@pytest.fixture(params=["compiled", "python"])
+@pytest.fixture(params=["compiled"])  # (the capacity kernel is compiled only: replay/core/_capacity.pyx)
 def counts_engine(request, monkeypatch):
     return use_engine(request, monkeypatch, cap, "capacity pass")
 

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from replay.core.capacity import ROUTINGS, CapacityPass, Router, Segments, counts
+from replay.analysis.buy import COST_KEYS, CostModel, cost_figures
+from replay.core.capacity import ROUTINGS, CapacityPass, Router, Segments, counts, hit_blocks
 from replay.core.prompts import REPLAYABLE, iter_prompts
 from replay.core.sampled import SampledPass, SampledRefs, sampled_counts
-from replay.core.simulate import BlockLogBuilder, simulate
+from replay.core.simulate import POLICIES as EVICTION_POLICIES, BlockLogBuilder, simulate
 from replay.core.streams import check_modes, stream_key
+from replay.core.tiers import TierSpec, check_tiers, format_tiers, tier_depths
 from replay.core.times import INF_US, ttl_us
 from replay.core.warmup import parse_warmup, warmup_count
 from replay.prepare import prepare
@@ -34,8 +36,11 @@ SCHEMA = {"stream": pl.String, "ttl_s": pl.Float64, "block": pl.Int64, "capacity
           "capacity_bytes": pl.Int64, "replicas": pl.Int64, "routing": pl.String, "policy": pl.String,
           "requests": pl.Int64, "prompt_tokens": pl.Int64, "hit_tokens": pl.Int64, "hit_ratio": pl.Float64,
           "warm_hit_ratio": pl.Float64, "max_replica_share": pl.Float64}
+#: a row's extra columns with tiers: the tiers as written (fastest first) and the hit tokens each serves
+TIER_SCHEMA = {"tiers": pl.String, "tier_hit_tokens": pl.List(pl.Struct({"tier": pl.String, "tokens": pl.Int64}))}
+COST_SCHEMA = {k: pl.String if k == "gpu" else pl.Int64 if k.startswith("gpus_") else pl.Float64 for k in COST_KEYS}
 ALL_ROUTINGS = ROUTINGS + ("prefix",)
-POLICIES = ("lru", "belady")
+POLICIES = tuple(EVICTION_POLICIES)  # ("lru", "belady")
 
 
 @dataclass
@@ -56,6 +61,9 @@ class CapacityGrid:
     sample_rate: float | None = None
     auto_points: int = 16  # how many capacities ``auto`` spans (log-spaced)
     warmup: float = 0.0  # share of the log (by time) replayed but not measured (replay.core.warmup)
+    # memory tiers, fastest first, one tuple of TierSpec per configuration (replay.core.tiers):
+    # when given, the rows are these configurations' instead of ``capacities``'
+    tiers: tuple[tuple[TierSpec, ...], ...] = ()
 
     def __post_init__(self):
         self.streams = check_modes(self.streams)
@@ -81,6 +89,20 @@ class CapacityGrid:
                 raise ValueError("a sampled run estimates LRU with routing decided in advance: "
                                  "drop belady and prefix routing, or the sample rate")
 
+        for t in self.tiers:
+            check_tiers(t)
+            for spec in t:
+                if parse_size(spec.size)[0] == "auto":
+                    raise ValueError(f"tier {spec.name}: a size, not 'auto'")
+        if self.tiers and (self.sample_rate is not None or "belady" in self.policies
+                           or ("prefix" in self.routings and max(self.replicas) > 1)):
+            raise ValueError("tiers are computed exactly for LRU with routing decided in advance: "
+                             "drop belady, prefix routing and the sample rate")
+
+    @property
+    def pooled(self) -> bool:
+        return any(t[-1].pooled for t in self.tiers)
+
     @property
     def horizon_us(self) -> int:
         return max((ttl_us(t) for t in self.ttls), default=INF_US)
@@ -95,7 +117,7 @@ class CapacityGrid:
 
 
 def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None = None, tokenizer=None,
-             progress: bool = False) -> pl.DataFrame:
+             progress: bool = False, cost: CostModel | None = None) -> pl.DataFrame:
     """The rows of :data:`COLUMNS` for every configuration of ``grid``: per replica
     a pool of ``capacity_blocks`` blocks (``capacity_bytes`` with
     ``bytes_per_token``); ``warm_hit_ratio`` over the last half of the requests
@@ -105,7 +127,11 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
     requests, prompt_tokens, hit_tokens and hit_ratio count only the last
     1 − f of the requests by time (the pass still sees them all) and a last
     ``warmup`` column says so; warm_hit_ratio stays the last half's and
-    max_replica_share all requests'."""
+    max_replica_share all requests'. With ``grid.tiers`` each row is one tier
+    configuration (``capacity_blocks``/``capacity_bytes``: its first tier's)
+    with columns ``tiers`` and ``tier_hit_tokens`` (tokens each tier serves,
+    adding up to hit_tokens); with ``cost``, the :data:`COST_KEYS` of
+    ``replay.analysis.buy``."""
     grid = grid or CapacityGrid()
     prepare(con, modes=(), tokenizer=tokenizer, progress=progress)
     configs = [(m, r, ro) for m in grid.streams for r in grid.replicas for ro in grid.routings_for(r)]
@@ -115,6 +141,8 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
     passes = {(m, r, ro): (CapacityPass(m, grid.blocks, r, grid.horizon_us) if grid.sample_rate is None
                            else SampledPass(m, grid.blocks, r, grid.sample_rate, grid.seed, ttls, n))
               for m, r, ro in configs if ro != "prefix"}
+    for m in grid.streams if grid.pooled else ():  # a pooled tier's stack: every request on one replica
+        passes.setdefault((m, 1, "round-robin"), CapacityPass(m, grid.blocks, 1, grid.horizon_us))
     needs_logs = any(grid.simulated(r, ro, p) for _, r, ro in configs for p in grid.policies)
     logs = {(m, b): BlockLogBuilder(m, b) for m in grid.streams for b in grid.blocks} if needs_logs else {}
     n = _read(con, passes, logs, grid.seed, n)
@@ -127,14 +155,23 @@ def capacity(con, grid: CapacityGrid | None = None, bytes_per_token: int | None 
                 continue
             for b in grid.blocks:
                 key = (m, b)
+                labels = grid.routings if r == 1 else (ro,)  # (one replica: every routing is the same)
+                if grid.tiers:
+                    pool = segments[(m, 1, "round-robin")][b] if grid.pooled else None
+                    for routing in labels:
+                        rows += _tier_rows(segments[(m, r, ro)][b], pool, grid, m, r, routing, b, bytes_per_token,
+                                           n, cost)
+                    continue
                 if grid.simulated(r, ro, policy):
-                    figures = _simulated(logs[key].log, grid, caps[key], r, ro, policy, n)
+                    costs = {} if cost else None  # (filled by the simulation: its per-request hits)
+                    figures = _simulated(logs[key].log, grid, caps[key], r, ro, policy, n, cost, costs)
                 else:
                     figures = _one_pass(segments[(m, r, ro)][b], grid, caps[key], n)
-                labels = grid.routings if r == 1 else (ro,)  # (one replica: every routing is the same)
+                    costs = _plain_costs(segments[(m, r, ro)][b], grid, caps[key], cost) if cost else None
                 for routing in labels:
-                    rows += _rows(figures, grid, m, r, routing, policy, b, caps[key], bytes_per_token, n)
-    df = pl.DataFrame(rows, schema=SCHEMA, orient="row").sort(
+                    rows += _rows(figures, grid, m, r, routing, policy, b, caps[key], bytes_per_token, n, costs)
+    schema = SCHEMA | (TIER_SCHEMA if grid.tiers else {}) | (COST_SCHEMA if cost else {})
+    df = pl.DataFrame(rows, schema=schema, orient="row").sort(
         ["stream", "replicas", "routing", "policy", "block", "ttl_s", "capacity_blocks"], nulls_last=True,
         maintain_order=True)
     if grid.warmup:  # (a whole-log run keeps its columns exactly)
@@ -206,7 +243,7 @@ def _one_pass(seg: Segments | SampledRefs, grid: CapacityGrid, caps: list[int], 
 
 
 def _simulated(log, grid: CapacityGrid, caps: list[int], replicas: int, routing: str, policy: str,
-               n: int) -> _Figures:
+               n: int, cost: CostModel | None = None, costs: dict | None = None) -> _Figures:
     ttls = [ttl_us(t) for t in grid.ttls]
     shape = (len(ttls), len(caps))
     hit, whit, share = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64), np.zeros(shape)
@@ -216,17 +253,20 @@ def _simulated(log, grid: CapacityGrid, caps: list[int], replicas: int, routing:
     if routing != "prefix":
         router = Router(replicas, routing, grid.seed, len(log))
         replica_of = np.array([router(i, k) for i, k in enumerate(log.keys)], dtype=np.int64)
+    tokens = np.asarray(log.prompt_tokens, dtype=np.int64)
     for ci, c in enumerate(caps):
         h, where = simulate(log, c, ttls, replicas, replica_of, "prefix" if replica_of is None else "fixed", policy)
         hit[:, ci], whit[:, ci] = h[:, meas].sum(axis=1), h[:, warm].sum(axis=1)
         for ti in range(len(ttls)):
             share[ti, ci] = np.bincount(where[ti], minlength=replicas).max() / n if n else 0.0
-    tokens = np.asarray(log.prompt_tokens, dtype=np.int64)
+            if cost is not None:
+                costs[(ti, ci)] = cost_figures(cost, tokens, np.asarray(log.ts, dtype=np.int64), meas,
+                                               h[ti][None, :], [math.inf])
     return _Figures(hit, whit, share, int(tokens[meas].sum()), int(tokens[warm].sum()), int(meas.sum()))
 
 
 def _rows(f: _Figures, grid: CapacityGrid, mode: str, replicas: int, routing: str, policy: str, block: int,
-          caps: list[int], bytes_per_token: int | None, n: int) -> list[tuple]:
+          caps: list[int], bytes_per_token: int | None, n: int, costs: dict | None = None) -> list[tuple]:
     out = []
     for ti, t in enumerate(grid.ttls):
         for ci, c in enumerate(caps):
@@ -234,5 +274,46 @@ def _rows(f: _Figures, grid: CapacityGrid, mode: str, replicas: int, routing: st
             out.append((mode, None if t == math.inf else float(t), block, c,
                         None if bytes_per_token is None else c * block * bytes_per_token, replicas, routing, policy,
                         n if f.measured < 0 else f.measured, f.prompt, h, h / f.prompt if f.prompt else 0.0,
-                        int(f.warm_hit[ti, ci]) / f.warm_prompt if f.warm_prompt else 0.0, float(f.share[ti, ci])))
+                        int(f.warm_hit[ti, ci]) / f.warm_prompt if f.warm_prompt else 0.0, float(f.share[ti, ci]))
+                       + (() if costs is None else tuple(costs.get((ti, ci), {}).get(k) for k in COST_KEYS)))
+    return out
+
+
+def _plain_costs(seg: Segments, grid: CapacityGrid, caps: list[int], cost: CostModel) -> dict:
+    """Each (TTL, capacity)'s cost figures: one tier, the GPUs' own memory."""
+    meas = _measured(len(seg), grid)
+    out = {}
+    for ti, t in enumerate(grid.ttls):
+        for ci, c in enumerate(caps):
+            hit = hit_blocks(seg, ttl_us(t), c)[None, :] * seg.block
+            out[(ti, ci)] = cost_figures(cost, seg.prompt_tokens, seg.ts, meas, hit, [math.inf])
+    return out
+
+
+def _tier_rows(seg: Segments, pool: Segments | None, grid: CapacityGrid, mode: str, replicas: int, routing: str,
+               block: int, bytes_per_token: int | None, n: int, cost: CostModel | None) -> list[tuple]:
+    """One row per (TTL, tier configuration): per-tier hit tokens from the tier
+    depths of every request (``replay.core.tiers``)."""
+    warm = np.arange(len(seg)) >= len(seg) // 2
+    meas = _measured(len(seg), grid)
+    share = float(np.bincount(seg.replica).max() / n) if n else 0.0
+    prompt, warm_prompt = int(seg.prompt_tokens[meas].sum()), int(seg.prompt_tokens[warm].sum())
+    out = []
+    for tiers in grid.tiers:
+        sizes = [max(0, blocks_for(*parse_size(t.size), block, bytes_per_token)) for t in tiers]
+        pooled = sizes.pop() if tiers[-1].pooled else None
+        bandwidths = cost.bandwidths(tiers) if cost else None
+        for t in grid.ttls:
+            per_tier = tier_depths(seg, pool, ttl_us(t), sizes, pooled) * block
+            hit = per_tier.sum(axis=0)
+            h = int(hit[meas].sum())
+            row = (mode, None if t == math.inf else float(t), block, sizes[0],
+                   None if bytes_per_token is None else sizes[0] * block * bytes_per_token, replicas, routing,
+                   "lru", int(meas.sum()), prompt, h, h / prompt if prompt else 0.0,
+                   int(hit[warm].sum()) / warm_prompt if warm_prompt else 0.0, share, format_tiers(tiers),
+                   [{"tier": s.name, "tokens": int(v)} for s, v in zip(tiers, per_tier[:, meas].sum(axis=1))])
+            if cost:
+                figures = cost_figures(cost, seg.prompt_tokens, seg.ts, meas, per_tier, bandwidths)
+                row += tuple(figures[k] for k in COST_KEYS)
+            out.append(row)
     return out

@@ -8,7 +8,7 @@ import click
 
 from replay import api
 from replay.cli.options import csv_values, db_option, ingest_options, kv_model, kv_options, load_logs, one_config
-from replay.cli.options import engine_options, on_engine, warmup_option
+from replay.cli.options import cost_options, engine_options, gpu_options, on_engine, tier_option, warmup_option
 
 
 @click.command("diagnose")
@@ -180,11 +180,11 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
 @ingest_options
 @click.option("--block", "blocks", default="16", show_default=True, callback=csv_values(int),
               help="Block sizes in tokens (the engine's KV block; 1 = token level).")
-@click.option("--capacity", "capacities", default="auto", show_default=True,
-              callback=csv_values(str),
+@click.option("--capacity", "capacities", default=None, callback=csv_values(str),
               help="Pool per replica: block counts (4096), sizes with a unit (512MiB, 40GiB, 1TiB; KB, MB, GB "
                    "decimal) — sizes need the KV bytes per token — or 'auto' (a log-spaced grid from one block "
-                   "to the working set).")
+                   "to the working set; the default without --tier).")
+@tier_option
 @click.option("--ttl", "ttls", default="inf", show_default=True, callback=csv_values(api.parse_ttl),
               help="TTLs: seconds, or with s/m/h/d; 'inf' = no expiry.")
 @click.option("--stream", "streams", default="global", show_default=True, callback=csv_values(str),
@@ -206,12 +206,14 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
 @kv_options
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
               help="Tensor-parallel degree: adds capacity_bytes_per_gpu (a replica's bytes / TP).")
+@gpu_options
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON array, one object per configuration.")
 @warmup_option
 @engine_options
-def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacities, ttls, streams, replicas,
-             routings, policies, seed, sample_rate, model, model_config, kv_bytes_per_token, kv_dtype, tp, as_json,
-             warmup, engine, address):
+def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacities, tiers, ttls, streams, replicas,
+             routings, policies, seed, sample_rate, model, model_config, kv_bytes_per_token, kv_dtype, tp, gpu,
+             gpu_tflops, gpu_hbm, gpu_host_link, gpu_price, mfu, target_utilisation, as_json, warmup, engine,
+             address):
     """How much memory and how many replicas: the hit ratio of a finite cache.
 
     \b
@@ -224,32 +226,66 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     replica's share of them; with --warmup F, requests, prompt_tokens,
     hit_tokens and hit_ratio count only the last 1 - F of the requests (a
     last `warmup` column says so).
+
+    \b
+    Tiers (--tier): each configuration's rows add `tiers` and `tier_hit_tokens`
+    (tier name -> hit tokens it serves; they add up to hit_tokens). A
+    replica's tiers are one LRU hierarchy; a pooled tier is one LRU over every
+    request. With --gpu (or its figures) and --model, each row adds: gpu,
+    prefill_gpu_hours_week_uncached and prefill_gpu_hours_week (prefill
+    GPU-hours a week at the log's rate, without and with the cache; the
+    latter includes load_gpu_hours_week, loading lower tiers' hits),
+    gpu_hours_saved_week, gpus_peak_hour_uncached and gpus_peak_hour (GPUs
+    the busiest clock hour needs at --target-utilisation), and with
+    --gpu-price prefill_dollars_week[_uncached] (GPU-hours x price) and
+    fleet_dollars_week[_uncached] (GPUs at the busiest hour x 168 h x
+    price); docs/semantics.md, "Capacity".
     """
     bpt, _ = kv_model(model, model_config, kv_bytes_per_token, kv_dtype)
+    cost = cost_options(model, model_config, bpt, gpu, gpu_tflops, gpu_hbm, gpu_host_link, gpu_price, mfu,
+                        target_utilisation)
+    if tiers and capacities:
+        raise click.ClickException("pass --capacity or --tier, not both (a tier list's first tier is the capacity)")
     con = api.open_db(db_path)
     # (--engine: where the logs are parsed and the walks prepared; the finite-cache pass itself runs
     # here — every stream shares the replica's pool, so it does not split into independent partitions)
     with on_engine(engine, address):
         load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
         try:
-            grid = api.CapacityGrid(blocks=blocks, capacities=capacities, ttls=ttls, streams=streams,
+            grid = api.CapacityGrid(blocks=blocks, capacities=capacities or ("auto",), ttls=ttls, streams=streams,
                                     replicas=replicas, routings=routings, policies=policies, seed=seed,
-                                    sample_rate=sample_rate, warmup=warmup)
-            df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json)
+                                    sample_rate=sample_rate, warmup=warmup, tiers=tiers)
+            df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json, cost=cost)
         except ValueError as e:
             raise click.ClickException(str(e)) from None
     if tp > 1:
         df = df.with_columns((df["capacity_bytes"] // tp).alias("capacity_bytes_per_gpu"))
+    rows = df.to_dicts()
+    for r in rows:  # (a mapping in JSON: tier name -> tokens, fastest first)
+        if "tier_hit_tokens" in r:
+            r["tier_hit_tokens"] = {e["tier"]: e["tokens"] for e in r["tier_hit_tokens"]}
     if as_json:
-        click.echo(json.dumps(df.to_dicts()))
+        click.echo(json.dumps(rows))
         return
     if warmup:
         click.echo(f"hit % measured over {api.describe_warmup(warmup)}; warm % over the last half", err=True)
     click.echo(f"{'stream':<8} {'ttl':>6} {'block':>6} {'capacity':>12} {'GiB':>9} {'R':>3} {'routing':<12} "
                f"{'policy':<7} {'hit %':>6} {'warm %':>7} {'busiest':>8}")
-    for r in df.to_dicts():
+    for r in rows:
         gib = "-" if r["capacity_bytes"] is None else f"{r['capacity_bytes'] / 2**30:.2f}"
         click.echo(f"{r['stream']:<8} {api.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['capacity_blocks']:>12,} "
                    f"{gib:>9} {r['replicas']:>3} {r['routing']:<12} {r['policy']:<7} {100 * r['hit_ratio']:>6.1f} "
-                   f"{100 * r['warm_hit_ratio']:>7.1f} {100 * r['max_replica_share']:>7.1f}%")
+                   f"{100 * r['warm_hit_ratio']:>7.1f} {100 * r['max_replica_share']:>7.1f}%" + _extras(r))
 
+
+def _extras(r: dict) -> str:
+    """A row's tiers (each one's share of the prompt tokens) and prefill figures, where it has them."""
+    out = ""
+    if "tiers" in r:
+        prompt = r["prompt_tokens"] or 1
+        share = {k: 100 * v / prompt for k, v in r["tier_hit_tokens"].items()}
+        out += f"  {r['tiers']}: " + ", ".join(f"{k} {v:.1f}%" for k, v in share.items())
+    if r.get("prefill_gpu_hours_week") is not None:
+        out += (f"  prefill {r['prefill_gpu_hours_week']:.1f} GPU-h/wk (uncached "
+                f"{r['prefill_gpu_hours_week_uncached']:.1f}), {r['gpus_peak_hour']} GPUs at peak")
+    return out

@@ -10,7 +10,7 @@ import click
 from replay import api
 from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_model, kv_options, load_logs,
                                 plain_name, print_table, profile_names, tokenizer_option)
-from replay.cli.options import engine_options, on_engine, warmup_option
+from replay.cli.options import cost_options, engine_options, gpu_options, on_engine, warmup_option
 
 @click.command()
 @click.argument("logs", nargs=-1, required=True)
@@ -114,17 +114,29 @@ def _html_option(f):
                              "page (plots embedded, tables sortable; opens without a network).")(f)
 
 
-def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer=None):
-    """Sections the analyses contribute to the report (``kv``: what ``kv_model`` returns)."""
+def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer=None, cost=None):
+    """Sections the analyses contribute to the report (``kv``: what ``kv_model`` returns;
+    ``cost``: the prefill cost model, None without --gpu)."""
     return [lambda con, out: api.why_miss_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.origin_section(con, out, g),
             lambda con, out: api.memory_section(con, out, g, kv[0], kv[1], tokenizer=tokenizer),
+            lambda con, out: api.buy_section(con, out, g, cost, tokenizer=tokenizer),
             lambda con, out: api.duplicates_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.validation_section(con, out),
             lambda con, out: api.realised_section(con, out, tokenizer=tokenizer),
             lambda con, out: api.savings_section(con, out, price_model=price_model, prices_path=prices),
             lambda con, out: api.trend_section(con, out, g, price_model=price_model, prices_path=prices),
             lambda con, out: api.prefixes_section(con, out, g, tokenizer=tokenizer)]
+
+
+_GPU_KEYS = ("gpu", "gpu_tflops", "gpu_hbm", "gpu_host_link", "gpu_price", "mfu", "target_utilisation")
+
+
+def _kv_and_cost(options: dict):
+    """The KV options as ``kv_model`` returns them, and the prefill cost model (None without --gpu)."""
+    gpu = {k: options.pop(k) for k in _GPU_KEYS}
+    kv = kv_model(**options)
+    return kv, cost_options(options["model"], options["model_config"], kv[0], **gpu)
 
 
 @click.command()
@@ -139,6 +151,7 @@ def _extra_sections(g, prices=None, price_model=None, kv=(None, None), tokenizer
 @click.option("--fresh", is_flag=True, help="Start from an empty database file.")
 @_price_options
 @kv_options
+@gpu_options
 @warmup_option
 @_html_option
 @engine_options
@@ -150,7 +163,7 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     to OUT/NAME/report.md with its plots (and, with --html, report.html).
     """
     g = grid(ttls, blocks, mins, streams, warmup)
-    kv = kv_model(**kv)
+    kv, cost = _kv_and_cost(kv)
     if not logs:
         if not Path(SAMPLE).exists():
             raise click.ClickException(f"no logs given and no shipped sample at {SAMPLE} "
@@ -166,7 +179,7 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
     with on_engine(engine, address):
         load_logs(con, logs, fmt, fields, time_unit, tokenizer=tok)
         path = api.write_report(con, Path(out) / name, g, title=f"Prefix-cache sizing — {name}",
-                                extra_sections=_extra_sections(g, prices, price_model, kv, tok), progress=True,
+                                extra_sections=_extra_sections(g, prices, price_model, kv, tok, cost), progress=True,
                                 tokenizer=tok, html=html)
     click.echo(f"report written to {path}" + (f" and {path.with_name('report.html')}" if html else ""))
 
@@ -179,15 +192,17 @@ def run(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, blocks, mins, st
 @click.option("--out", default="reports", show_default=True, type=click.Path(file_okay=False))
 @_price_options
 @kv_options
+@gpu_options
 @warmup_option
 @_html_option
 def report(db_path, ttls, blocks, mins, streams, name, out, prices, price_model, warmup, html, **kv):
     """Write the report from what the database already holds."""
     g = grid(ttls, blocks, mins, streams, warmup)
-    kv = kv_model(**kv)
+    kv, cost = _kv_and_cost(kv)
     con = api.open_db(db_path)
     load_logs(con, (), None, {}, None)
-    path = api.write_report(con, Path(out) / name, g, extra_sections=_extra_sections(g, prices, price_model, kv),
+    path = api.write_report(con, Path(out) / name, g, extra_sections=_extra_sections(g, prices, price_model, kv,
+                                                                                      cost=cost),
                             progress=True, html=html)
     click.echo(f"report written to {path}" + (f" and {path.with_name('report.html')}" if html else ""))
 

@@ -129,6 +129,59 @@ def kv_options(f):
     return f
 
 
+def gpu_options(f):
+    """The GPU and its price for the prefill cost model (with --model or --model-config)."""
+    f = click.option("--target-utilisation", type=click.FloatRange(0, 1, min_open=True), default=0.7,
+                     show_default=True, help="How busy a GPU may be at the busiest hour (sizes the fleet).")(f)
+    f = click.option("--mfu", type=click.FloatRange(0, 1, min_open=True), default=0.5, show_default=True,
+                     help="Share of the GPU's peak dense FLOP/s prefill reaches.")(f)
+    f = click.option("--gpu-price", type=click.FloatRange(min=0), default=None,
+                     help="Dollars per GPU-hour (adds dollars per week).")(f)
+    f = click.option("--gpu-host-link", type=float, default=None, help="GB/s host to GPU (overrides --gpu's).")(f)
+    f = click.option("--gpu-hbm", type=float, default=None, help="GPU memory bandwidth, GB/s (overrides --gpu's).")(f)
+    f = click.option("--gpu-tflops", type=float, default=None,
+                     help="Peak dense BF16 TFLOP/s (overrides --gpu's; with --gpu-hbm and --gpu-host-link: "
+                          "any accelerator).")(f)
+    f = click.option("--gpu", default=None,
+                     help=f"GPU for the prefill cost model: {', '.join(api.known_gpus())} "
+                          "(replay/providers/gpus.toml: datasheet figures and sources). Needs the model's shape: "
+                          f"--model {', '.join(api.COST_MODELS)}, or --model-config.")(f)
+    return f
+
+
+def cost_options(model, model_config, kv_bytes_per_token, gpu, gpu_tflops, gpu_hbm, gpu_host_link, gpu_price, mfu,
+                 target_utilisation):
+    """The cost model the GPU options describe (None without a GPU); a bad one is an error before any work."""
+    try:
+        cost = api.cost_model(model, model_config, kv_bytes_per_token, gpu, gpu_tflops, gpu_hbm, gpu_host_link,
+                              gpu_price, mfu, target_utilisation)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    if cost is None and gpu_price is not None and not (gpu or gpu_tflops):
+        raise click.ClickException("--gpu-price prices a GPU: pass --gpu NAME (or its figures) and --model")
+    if cost is None and (gpu or gpu_tflops):
+        raise click.ClickException("the prefill cost model needs the model's shape: "
+                                   "pass --model or --model-config")
+    return cost
+
+
+def tier_option(f):
+    return click.option(
+        "--tier", "tiers", multiple=True, callback=_tiers,
+        help="Memory tiers, fastest first: NAME:SIZE[:pooled][:BANDWIDTH],… e.g. "
+             "hbm:40GiB,dram:256GiB,store:4TiB:pooled. SIZE per replica (bytes with a unit, or a block "
+             "count), 'pooled': one pool shared by every replica (last). BANDWIDTH (e.g. 25GB/s): what the "
+             "tier's hits load at for the cost model (defaults by name: gpus.toml [tiers]). Repeat for "
+             "several configurations; replaces --capacity.")(f)
+
+
+def _tiers(ctx, param, values):
+    try:
+        return tuple(api.parse_tiers(v) for v in values)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def kv_model(model=None, model_config=None, kv_bytes_per_token=None, kv_dtype=None) -> tuple[int | None, str | None]:
     """The KV options as (bytes per token, the model's name for reports); a bad
     one is an error before any work."""

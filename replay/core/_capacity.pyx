@@ -2,11 +2,11 @@
 """The capacity pass of :mod:`replay.core.capacity`, compiled: the same segments
 and distances, and the same counts, without a Python object per tree step.
 
-:class:`Recorder` is one replica's pool at one block size (the module's
-``PythonRecorder`` says the same in Python, and the tests hold them equal);
-:func:`capacity_counts` turns every request's segments into hit counts for a
-grid of TTLs and capacities (``replay.core.capacity.hit_blocks`` says it
-request by request).
+:class:`Recorder` is one replica's pool at one block size (the package's only
+implementation: the tests hold it to the contract's brute force in
+``replay.core.oracle``); :func:`capacity_counts` turns every request's
+segments into hit counts for a grid of TTLs and capacities, and
+:func:`hit_depths` gives one (TTL, capacity)'s hit request by request.
 """
 
 import numpy as np
@@ -152,7 +152,7 @@ def capacity_counts(const int64_t[::1] offsets, const int64_t[::1] gap, const in
                     int64_t block, const int64_t[::1] ttls, const int64_t[::1] caps):
     """Hit tokens, requests hit and hit tokens among the ``warm`` requests, as int64
     [TTL, capacity]: each request's hit is min(blocks under τ, blocks under C)
-    blocks (``replay.core.capacity.hit_blocks`` says it request by request)."""
+    blocks (:func:`hit_depths` says it request by request)."""
     cdef Py_ssize_t n = offsets.shape[0] - 1, n_t = ttls.shape[0], n_c = caps.shape[0]
     hits_arr = np.zeros((n_t, n_c), dtype=np.int64)
     nhit_arr = np.zeros((n_t, n_c), dtype=np.int64)
@@ -191,6 +191,37 @@ def capacity_counts(const int64_t[::1] offsets, const int64_t[::1] gap, const in
                         if warm[r]:
                             whit[ti, ci] += h
     return hits_arr, nhit_arr, warm_arr
+
+
+def hit_depths(const int64_t[::1] offsets, const int64_t[::1] gap, const int64_t[::1] dist,
+               const int64_t[::1] first, const int64_t[::1] last, int64_t ttl, int64_t cap):
+    """Each request's hit in blocks under TTL ``ttl`` (µs) and a pool of ``cap``
+    blocks: min(blocks under τ, blocks under C). Per request, where
+    :func:`capacity_counts` sums: tiers compare one request's depths on
+    different stacks (``replay.core.tiers``)."""
+    cdef Py_ssize_t n = offsets.shape[0] - 1, r, i
+    out_arr = np.zeros(n, dtype=np.int64)
+    cdef int64_t[::1] out = out_arr
+    cdef int64_t k_t, k_c
+    with nogil:
+        for r in range(n):
+            k_t = 0
+            i = offsets[r]
+            while i < offsets[r + 1] and gap[i] <= ttl:
+                k_t = last[i]
+                i += 1
+            k_c = 0
+            i = offsets[r]
+            while i < offsets[r + 1] and k_t > 0:
+                if dist[i] >= cap:
+                    break
+                if dist[i] + (last[i] - first[i]) >= cap:
+                    k_c = first[i] + (cap - 1 - dist[i])
+                    break
+                k_c = last[i]
+                i += 1
+            out[r] = k_t if k_t < k_c else k_c
+    return out_arr
 
 
 def stack_distances(const int64_t[::1] prev, const int64_t[::1] first):

@@ -22,7 +22,8 @@ owns exactly its blocks deeper than m_j, and those above the block were
 touched after it. Along a request's path the owners change only where the
 trie's walk changes step, so a request's distances are a few *segments*
 (owner, blocks k1..k2) over which d rises by one per block; F is a Fenwick
-tree over the replica's requests. The work is a trie walk per request plus a
+tree over the replica's requests (compiled: ``_capacity.pyx`` is the one
+implementation; its reference is the brute force ``replay.core.oracle``). The work is a trie walk per request plus a
 few tree updates per segment — never a pass per capacity, and never a step
 per block.
 
@@ -36,7 +37,6 @@ elsewhere.
 from __future__ import annotations
 
 import hashlib
-import os
 from array import array
 from dataclasses import dataclass
 
@@ -47,12 +47,13 @@ from replay.core.streams import stream_key
 from replay.core.times import INF_US
 from replay.core.trie import Trie
 
-try:  # the recorder and the counts compiled (replay/core/_capacity.pyx), where built
+try:  # the kernel: the recorder and the counts, compiled (replay/core/_capacity.pyx)
     from replay.core import _capacity as _compiled
 except ImportError:  # pragma: no cover - an install without a compiler
-    _compiled = None
-if os.environ.get("REPLAY_PURE_SWEEP"):  # (as the sweep: count in Python and numpy)
-    _compiled = None
+    _compiled = None  # (the module still imports: Router and the rest; a pass says what is missing)
+
+_NOT_BUILT = ("the capacity kernel (replay/core/_capacity.pyx) is not compiled: run "
+              "`python setup.py build_ext --inplace` (or reinstall with a C compiler)")
 
 ROUTINGS = ("round-robin", "random", "sticky")  # decided from the request alone
 
@@ -87,84 +88,6 @@ class Router:
         return r
 
 
-class _Fenwick:
-    """Prefix sums over a growing array of counts (a binary indexed tree). Its
-    size stays a power of two: doubling it, the new last entry covers
-    everything before it and the others only new, zero counts."""
-
-    def __init__(self, n: int = 1024):
-        self.size = 1 << max(0, n - 1).bit_length()
-        self.tree = [0] * (self.size + 1)
-
-    def add(self, i: int, delta: int) -> None:
-        while i + 1 > self.size:
-            everything = self.prefix(self.size)
-            self.tree += [0] * self.size
-            self.size *= 2
-            self.tree[self.size] = everything
-        i += 1
-        tree = self.tree
-        while i <= self.size:
-            tree[i] += delta
-            i += i & -i
-
-    def prefix(self, i: int) -> int:
-        """Sum of counts [0, i)."""
-        s, tree = 0, self.tree
-        i = min(i, self.size)
-        while i > 0:
-            s += tree[i]
-            i -= i & -i
-        return s
-
-
-class PythonRecorder:
-    """One replica's pool at one block size: what each of its requests still owns
-    (F, a Fenwick tree over them), the deepest of each one's blocks touched
-    again since (m), and the segments recorded so far. ``Recorder`` is this
-    class compiled (``_capacity.pyx``) where built."""
-
-    def __init__(self, block: int):
-        self.block = block
-        self.total = 0  # distinct blocks ever touched (the working set)
-        self._owned = _Fenwick()
-        self._deepest_retouched: list[int] = []
-        # int64 columns, 8 bytes an item (a week's segments as Python lists held GBs)
-        self._rows = {c: array("q") for c in ("count", "gap", "distance", "first", "last")}
-
-    def add(self, steps: list, n_tokens: int) -> None:
-        """Record one request (its trie steps (gap, depth, owner), depth in tokens),
-        then touch its blocks: it owns them now."""
-        b, rows, m, owned = self.block, self._rows, self._deepest_retouched, self._owned
-        me = len(m)
-        segs, prev = [], 0
-        for gap, depth, owner in steps:
-            k1, k2 = prev // b + 1, depth // b  # blocks whose last token is in [prev, depth)
-            prev = depth
-            if k2 >= k1:
-                segs.append((gap, owner, k1, k2))
-        before = owned.prefix(me)  # blocks owned by every earlier request
-        for gap, owner, k1, k2 in segs:
-            # distinct blocks touched since: the owner's blocks above this one, and
-            # every block a later request (before this one) still owns
-            rows["gap"].append(gap)
-            rows["distance"].append((k1 - 1 - m[owner]) + before - owned.prefix(owner + 1))
-            rows["first"].append(k1)
-            rows["last"].append(k2)
-        for _, owner, k1, k2 in segs:  # touched again: this request owns them now
-            owned.add(owner, -(k2 - k1 + 1))
-            m[owner] = max(m[owner], k2)
-        owned.add(me, n_tokens // b)
-        m.append(0)
-        self.total += n_tokens // b - sum(k2 - k1 + 1 for _, _, k1, k2 in segs)
-        rows["count"].append(len(segs))
-
-    def columns(self) -> tuple[np.ndarray, ...]:
-        """(segments per request, gap, distance, first, last) as int64 arrays."""
-        return tuple(np.frombuffer(self._rows[c], dtype=np.int64).copy() if len(self._rows[c])
-                     else np.zeros(0, dtype=np.int64) for c in ("count", "gap", "distance", "first", "last"))
-
-
 @dataclass
 class Segments:
     """Every request's distance segments at one block size, flat: request r's
@@ -181,13 +104,16 @@ class Segments:
     first: np.ndarray           # int64 k1
     last: np.ndarray            # int64 k2
     working_set: np.ndarray     # int64, per replica: distinct blocks ever touched
+    ts: np.ndarray | None = None  # int64 µs, per request (what the cost model's busiest hour reads)
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
 
 
 def _recorder(block: int):
-    return _compiled.Recorder(block) if _compiled is not None else PythonRecorder(block)
+    if _compiled is None:
+        raise RuntimeError(_NOT_BUILT)
+    return _compiled.Recorder(block)
 
 
 class CapacityPass:
@@ -204,7 +130,7 @@ class CapacityPass:
         self._tries: list[dict] = [{} for _ in range(replicas)]
         self._count = [0] * replicas  # requests seen per replica: the owner number of the next one
         self._recorders = [[_recorder(b) for b in self.blocks] for _ in range(replicas)]
-        self._tokens, self._replica = array("q"), array("q")
+        self._tokens, self._replica, self._ts = array("q"), array("q"), array("q")
 
     def add(self, p: Prompt, replica: int, held: dict | None = None) -> None:
         """Walk one request on its replica (requests must come in processing order);
@@ -221,6 +147,7 @@ class CapacityPass:
             rec.add(steps, p.n_tokens)
         self._tokens.append(p.n_tokens)
         self._replica.append(replica)
+        self._ts.append(p.ts)
 
     def result(self) -> dict[int, Segments]:
         """The segments at each block size, requests in processing order."""
@@ -232,6 +159,7 @@ class CapacityPass:
         for bi, b in enumerate(self.blocks):
             per_replica = [self._recorders[r][bi].columns() for r in range(self.replicas)]
             out[b] = _interleave(b, replica, tokens, per_replica)
+            out[b].ts = np.array(self._ts, dtype=np.int64)
             out[b].working_set = np.array([self._recorders[r][bi].total for r in range(self.replicas)],
                                           dtype=np.int64)
         return out
@@ -262,40 +190,18 @@ def _interleave(block: int, replica: np.ndarray, tokens: np.ndarray, per_replica
 def hit_blocks(seg: Segments, ttl_us: int, capacity: int) -> np.ndarray:
     """Each request's hit in blocks under TTL τ and a pool of ``capacity`` blocks:
     min(blocks under τ, blocks under C)."""
-    n = len(seg)
-    out = np.zeros(n, dtype=np.int64)
-    off, gap, dist, first, last = seg.offsets, seg.gap, seg.distance, seg.first, seg.last
-    for r in range(n):
-        k_t = k_c = 0
-        c_open = True
-        for i in range(off[r], off[r + 1]):
-            if gap[i] <= ttl_us:
-                k_t = last[i]
-            if c_open:
-                if dist[i] >= capacity:
-                    c_open = False
-                elif dist[i] + (last[i] - first[i]) >= capacity:
-                    k_c = first[i] + (capacity - 1 - dist[i])
-                    c_open = False
-                else:
-                    k_c = last[i]
-        out[r] = min(k_t, k_c)
-    return out
+    if _compiled is None:
+        raise RuntimeError(_NOT_BUILT)
+    return _compiled.hit_depths(seg.offsets, seg.gap, seg.distance, seg.first, seg.last, int(ttl_us),
+                                int(capacity))
 
 
 def counts(seg: Segments, ttls_us, capacities, warm: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Hit tokens, requests hit and the ``warm`` requests' hit tokens, each int64
-    [TTL, capacity], compiled where built (``_capacity.pyx``)."""
-    ttls = np.ascontiguousarray(ttls_us, dtype=np.int64)
-    caps = np.ascontiguousarray(capacities, dtype=np.int64)
-    warm = np.ascontiguousarray(warm, dtype=np.uint8)
-    if _compiled is not None:
-        return _compiled.capacity_counts(seg.offsets, seg.gap, seg.distance, seg.first, seg.last, warm,
-                                              seg.block, ttls, caps)
-    shape = (len(ttls), len(caps))
-    out = [np.zeros(shape, dtype=np.int64) for _ in range(3)]
-    for ti, t in enumerate(ttls):
-        for ci, c in enumerate(caps):
-            h = hit_blocks(seg, int(t), int(c)) * seg.block
-            out[0][ti, ci], out[1][ti, ci], out[2][ti, ci] = h.sum(), (h > 0).sum(), h[warm.astype(bool)].sum()
-    return out[0], out[1], out[2]
+    [TTL, capacity]."""
+    if _compiled is None:
+        raise RuntimeError(_NOT_BUILT)
+    return _compiled.capacity_counts(seg.offsets, seg.gap, seg.distance, seg.first, seg.last,
+                                     np.ascontiguousarray(warm, dtype=np.uint8), seg.block,
+                                     np.ascontiguousarray(ttls_us, dtype=np.int64),
+                                     np.ascontiguousarray(capacities, dtype=np.int64))

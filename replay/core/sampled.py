@@ -38,7 +38,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.core.capacity import _Fenwick
 from replay.core.prompts import RECENT_CONVERSATIONS, Prompt, trace_blocks
 from replay.core.streams import stream_key
 from replay.core.times import INF_US
@@ -268,6 +267,37 @@ def _previous(ids: np.ndarray) -> np.ndarray:
     same = ids[order[1:]] == ids[order[:-1]]
     prev[order[1:][same]] = order[:-1][same]
     return prev
+
+
+class _Fenwick:
+    """Prefix sums over a growing array of counts (a binary indexed tree). Its
+    size stays a power of two: doubling it, the new last entry covers
+    everything before it and the others only new, zero counts."""
+
+    def __init__(self, n: int = 1024):
+        self.size = 1 << max(0, n - 1).bit_length()
+        self.tree = [0] * (self.size + 1)
+
+    def add(self, i: int, delta: int) -> None:
+        while i + 1 > self.size:
+            everything = self.prefix(self.size)
+            self.tree += [0] * self.size
+            self.size *= 2
+            self.tree[self.size] = everything
+        i += 1
+        tree = self.tree
+        while i <= self.size:
+            tree[i] += delta
+            i += i & -i
+
+    def prefix(self, i: int) -> int:
+        """Sum of counts [0, i)."""
+        s, tree = 0, self.tree
+        i = min(i, self.size)
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
 
 
 def distances(prev: np.ndarray, first: np.ndarray) -> np.ndarray:

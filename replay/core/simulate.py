@@ -8,7 +8,11 @@ llm-d) and clairvoyant eviction (``belady``: evict the resident block whose
 next touch on that replica is farthest away, never again counting as
 farthest; ties to the deepest block, then the least recently used — a bound on
 what a smarter eviction could add). Also the straightforward per-capacity LRU
-the benchmark compares the one pass with.
+the benchmark compares the one pass with. Eviction policies are small objects
+behind one interface (:data:`POLICIES`: told of each touch, asked for a victim),
+as SGLang's ``evict_policy.py`` has one class per policy. Tiers need no policy
+here: an LRU hierarchy is LRU order cut into tiers, which the one-pass engine
+reads off its stack distances (``replay.core.tiers``).
 
 A block's identity is its cache (stream and model) and its whole token prefix,
 interned to an integer as the log is read (exact: no hash to collide); only
@@ -93,8 +97,10 @@ def simulate(log: BlockLog, capacity: int, ttls_us=(INF_US,), replicas: int = 1,
     (not with prefix routing: the future would depend on the routing being
     simulated)."""
     ttls = np.atleast_1d(np.asarray(ttls_us, dtype=np.int64))
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     if routing == "prefix":
-        if policy == "belady":
+        if POLICIES[policy].needs_future:
             raise ValueError("belady needs the routing decided in advance, not by cache state")
         runs = [_run(log, capacity, ttls[i:i + 1], replicas, None, policy) for i in range(len(ttls))]
         return np.vstack([h for h, _ in runs]), np.vstack([w for _, w in runs])
@@ -106,8 +112,9 @@ def simulate(log: BlockLog, capacity: int, ttls_us=(INF_US,), replicas: int = 1,
 
 def _run(log: BlockLog, capacity: int, ttls: np.ndarray, replicas: int, replica_of, policy: str):
     n = len(log)
-    nexts = _next_touches(log, replica_of) if policy == "belady" else None
-    pools = [_Pool(capacity) for _ in range(replicas)]
+    kind = POLICIES[policy]
+    nexts = _next_touches(log, replica_of) if kind.needs_future else None
+    pools = [_Pool(capacity, kind()) for _ in range(replicas)]
     served = [0] * replicas
     hit = np.zeros((len(ttls), n), dtype=np.int64)
     where = np.zeros(n, dtype=np.int64)
@@ -132,16 +139,62 @@ def _under(gaps: list, ttl: int) -> int:
     return bisect.bisect_right(gaps, ttl)
 
 
-class _Pool:
-    """One replica's resident blocks: last-touch time, LRU order, and for Belady
-    a heap of (−next touch, −depth, touch order) with stale entries skipped."""
+class LRU:
+    """Evict the least recently used block: the pool's own order (its
+    ``used`` mapping, least recent first) says which, so nothing to keep."""
+    needs_future = False
 
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self.used: OrderedDict = OrderedDict()  # id -> last touch time, least recent first
+    def touched(self, block: int, depth: int, next_touch: int) -> None:
+        pass
+
+    def victim(self, used: OrderedDict) -> int:
+        return next(iter(used))
+
+    def compact(self, used: OrderedDict) -> None:
+        pass
+
+
+class Belady:
+    """Evict the block whose next touch on this replica is farthest away (never
+    again: farthest of all), ties to the deepest block, then the least
+    recently used: a heap of (−next touch, −depth, touch order), entries of
+    blocks touched again since (or evicted) skipped and now and then dropped."""
+    needs_future = True
+
+    def __init__(self):
         self.heap: list = []
-        self.version: dict = {}  # id -> touch order of its live heap entry
+        self.version: dict = {}  # block -> touch order of its live heap entry
         self.order = 0
+
+    def touched(self, block: int, depth: int, next_touch: int) -> None:
+        self.order += 1
+        self.version[block] = self.order
+        heapq.heappush(self.heap, (-int(next_touch), -depth, self.order, block))
+
+    def victim(self, used: OrderedDict) -> int:
+        while True:
+            _, _, order, block = heapq.heappop(self.heap)
+            if self.version.get(block) == order:
+                del self.version[block]
+                return block
+
+    def compact(self, used: OrderedDict) -> None:
+        if len(self.heap) > 4 * len(used) + 1024:
+            self.heap = [e for e in self.heap if self.version.get(e[3]) == e[2]]
+            heapq.heapify(self.heap)
+
+
+#: eviction policies by name: each told of every touch, asked for a victim
+POLICIES = {"lru": LRU, "belady": Belady}
+
+
+class _Pool:
+    """One replica's resident blocks (last-touch time, least recent first) and the
+    eviction policy that picks what leaves when they are more than ``capacity``."""
+
+    def __init__(self, capacity: int, policy):
+        self.capacity, self.policy = capacity, policy
+        self.used: OrderedDict = OrderedDict()  # id -> last touch time, least recent first
 
     def run(self, ids, t: int) -> list[int]:
         """The gaps since last use of the request's leading resident blocks."""
@@ -154,29 +207,15 @@ class _Pool:
         return gaps
 
     def touch(self, ids, t: int, nexts) -> None:
-        used, ids = self.used, ids.tolist()
+        used, ids, policy = self.used, ids.tolist(), self.policy
         for d in range(len(ids) - 1, -1, -1):  # deepest first: a parent is never less recent than its child
             b = ids[d]
             used[b] = t
             used.move_to_end(b)
-            if nexts is not None:
-                self.order += 1
-                self.version[b] = self.order
-                heapq.heappush(self.heap, (-int(nexts[d]), -d, self.order, b))
+            policy.touched(b, d, NEVER if nexts is None else nexts[d])
         while len(used) > self.capacity:
-            if nexts is None:
-                victim = next(iter(used))
-            else:
-                while True:
-                    _, _, order, victim = heapq.heappop(self.heap)
-                    if self.version.get(victim) == order:
-                        break
-                del self.version[victim]
-            del used[victim]
-        if nexts is not None and len(self.heap) > 4 * len(used) + 1024:
-            # drop the stale entries (blocks touched again since, or evicted)
-            self.heap = [e for e in self.heap if self.version.get(e[3]) == e[2]]
-            heapq.heapify(self.heap)
+            del used[policy.victim(used)]
+        policy.compact(used)
 
 
 def _next_touches(log: BlockLog, replica_of) -> list[np.ndarray]:
