@@ -156,6 +156,31 @@ def test_truncated_session_files_do_not_crash(tmp_path, cut):
         assert s.reconciles() and s.lines >= s.loaded
 
 
+def test_subagent_files_and_compaction(tmp_path):
+    """A subagent's own file is a stream of its session; a compaction boundary starts the
+    conversation again from its summary."""
+    project = tmp_path / "projects" / "-home-me-p"
+    (project / "s1" / "subagents").mkdir(parents=True)
+    main = claude_transcript()[:7]
+    main += [_cc("cb", None, "system", 11, subtype="compact_boundary", logicalParentUuid="a3"),
+             _cc("cs", "cb", "user", 12, "summary of the conversation", isCompactSummary=True),
+             _cc("a9", "cs", "assistant", 13, [{"type": "text", "text": "go on"}], mid="m9")]
+    _write_jsonl(project / "s1.jsonl", main)
+    _write_jsonl(project / "s1" / "subagents" / "agent-ag7.jsonl",
+                 [_cc("x1", None, "user", 20, "explore", isSidechain=True, agentId="ag7"),
+                  _cc("x2", "x1", "assistant", 21, [{"type": "text", "text": "found"}], mid="m20",
+                      isSidechain=True, agentId="ag7")])
+    con = api.open_db(str(tmp_path / "db.duckdb"))
+    s = api.ingest(con, [str(tmp_path / "projects")])
+    assert (s.files, s.loaded, s.rejected) == (2, 4, 0) and s.reconciles()
+    sessions = [r[0] for r in con.execute("SELECT session FROM requests ORDER BY ts_us").fetchall()]
+    assert sessions == ["s1", "s1", "s1", "s1/ag7"]
+    (after,) = con.execute("SELECT b.body FROM request_bodies b JOIN requests USING (request_id) "
+                           "WHERE line_no = 10 AND session = 's1'").fetchone()
+    assert json.loads(after)["messages"] == [{"role": "user", "content": [
+        {"type": "text", "text": "summary of the conversation"}]}]
+
+
 def test_gzipped_transcript_is_detected(tmp_path):
     f = tmp_path / "s1.jsonl.gz"
     f.write_bytes(gzip.compress(b"".join(json.dumps(r).encode() + b"\n" for r in claude_transcript())))
@@ -178,11 +203,12 @@ def _ends(rows, block=100):
 
 def test_anthropic_ttl_boundary_5m_and_1h():
     base = list(range(5000))
-    rows = [_row(0, 0, base, write=5000), _row(1, 300 * S, base + [7] * 100),      # exactly 5 min: a hit
-            _row(2, 600 * S + 1, base + [7] * 200)]                                  # 1 µs past: a miss
+    rows = [_row(0, 0, base, write=5000), _row(1, 300 * S - 1, base + [7] * 100),  # 1 µs under 5 min: a hit
+            _row(2, 600 * S - 1, base + [7] * 200),                                  # exactly 5 min: a hit
+            _row(3, 900 * S, base + [7] * 300)]                                      # 1 µs past: a miss
     got = anthropic_predictions(rows, {}, _ends(rows))
-    assert [g[2] for g in got] == [0, 5000, 0]
-    assert got[2][3] == "TTL expiry"
+    assert [g[2] for g in got] == [0, 5000, 5100, 0]
+    assert got[3][3] == "TTL expiry"
     rows_1h = [_row(0, 0, base, w1h=5000, write=5000), _row(1, 3600 * S, base + [7] * 100),
                _row(2, 7200 * S + 1, base + [7] * 200)]
     assert [g[2] for g in anthropic_predictions(rows_1h, {}, _ends(rows_1h))] == [0, 5000, 0]
