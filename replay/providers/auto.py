@@ -123,7 +123,10 @@ def describe() -> str:
     return ("auto: each request judged by its own model's profile and priced at its own model's price entry\n"
             "  mapping: claude-<tier>-<generation> → anthropic-<tier>-<generation> (other claude-* → ideal); "
             "gpt-4o*, gpt-4.1*, gpt-5*, o1/o3/o4*, chatgpt-*, codex-* → openai-<model> (gpt-3.5*, gpt-4, gpt-4-* "
-            "→ ideal: no documented caching); deepseek-* → deepseek; anything else → ideal, said so\n"
+            "→ ideal: no documented caching); gemini-* → gemini-<generation>; deepseek-* → deepseek; anything "
+            "else → ideal, said so\n"
+            "  clients: a model whose every request came from Claude Code → anthropic-claude-code, from Codex → "
+            "openai-responses (the provider as that client uses it, hidden parts inferred from usage)\n"
             "  prices: the logged name or its name without date/version suffix must be a price-table key "
             "(no nearest-name guess); otherwise unpriced\n"
             "  sources: replay.providers.catalog.model_family, replay.providers.auto")

@@ -88,14 +88,15 @@ ANTHROPIC_MIN_TOKENS: dict[str, int] = {
     "haiku-3": 2048,
 }
 
-#: Gemini implicit caching: minimum input tokens by model (ai.google.dev/gemini-api/docs/caching,
-#: pages of 2026-05 and 2026-10; the table changes between generations — keep it a table).
+#: Gemini implicit caching: minimum input tokens by model (ai.google.dev/gemini-api/docs/caching:
+#: the page of 2026-10 for the models it lists, else that of 2026-05; the figures changed between
+#: them — 2.5 Pro 4096 → 2048, 2.5 Flash 1024 → 2048 — so keep it a table and date it).
 GEMINI_MIN_TOKENS: dict[str, int] = {
     "3-pro": 4096,
     "3-1-pro": 4096,
     "3-flash": 1024,
-    "2-5-pro": 4096,
-    "2-5-flash": 1024,
+    "2-5-pro": 2048,
+    "2-5-flash": 2048,
 }
 
 #: OpenAI models given a profile (all share the same caching rules).
@@ -224,7 +225,7 @@ def _client_profiles() -> dict[str, Profile]:
         name = f"gemini-{fam}"
         p[name] = Profile(
             name, "gemini",
-            f"Gemini {fam.replace('-', '.')} implicit caching: minimum {m} tokens, hits in 2048-token blocks, "
+            f"Gemini {fam} implicit caching: minimum {m} tokens, hits in 2048-token blocks, "
             "a separate cache per serving backend (OpenRouter's provider), TTL 1 h (none documented)",
             block=1, min_prefix=m, ttl_fixed=True, streams=("tenant",), honours="-",
             overrides=f"min_prefix={m}, block=2048 provider tokens, ttl=1h, stream=tenant and backend",
