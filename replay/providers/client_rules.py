@@ -83,17 +83,14 @@ def _full(r: RequestRow, hidden: dict[str, int]) -> tuple[np.ndarray, int]:
     return np.concatenate([hidden_tokens(r.hidden_key, h), np.asarray(r.tokens, dtype=np.int64)]), h
 
 
-def _hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
+def hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
+    """Stream → the inferred length of its hidden prefix (``replay.providers.hidden``):
+    from the first of its requests (processing order) that carries usage."""
     first: dict[str, tuple[int | None, int]] = {}
     for r in reqs:
         if r.hidden_key and r.stream not in first and r.usage_prompt is not None:
             first[r.stream] = (r.usage_prompt, r.n_tokens)
     return infer_lengths(first)
-
-
-def hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
-    """Stream → the inferred length of its hidden prefix (``replay.providers.hidden``)."""
-    return _hidden_lengths(reqs)
 
 
 def load_rows(con, with_usage_only: bool = True) -> list[RequestRow]:
@@ -113,17 +110,13 @@ def load_rows(con, with_usage_only: bool = True) -> list[RequestRow]:
     return out
 
 
-#: the providers whose rules are judged here, by model family
-RULES = {"anthropic": lambda con, rs, hidden: _anthropic(con, rs, hidden),
-         "openai": lambda con, rs, hidden: _openai(con, rs, hidden),
-         "google": lambda con, rs, hidden: _gemini(con, rs, hidden)}
 
 
 def judge(con, reqs: list[RequestRow], family: str) -> list[tuple]:
     """(prompt tokens, hidden tokens, predicted, part) per request of ``reqs`` (processing
     order) under ``family``'s rules (:data:`RULES`); a stream's first request whose
     hidden prefix was inferred is marked ``hidden-part inference``."""
-    hidden = _hidden_lengths(reqs)
+    hidden = hidden_lengths(reqs)
     seen: set[str] = set()
     out = []
     for r, (n, h, pred, part) in zip(reqs, RULES[family](con, reqs, hidden)):
@@ -228,3 +221,8 @@ def _gemini(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
         prev[r.stream] = (r.ts, r.backend)
         out.append((n, h, min(pred, n), part or "unexplained"))
     return out
+
+
+#: the providers whose rules are judged here, by model family: (con, rows, hidden lengths) →
+#: (prompt tokens, hidden tokens, predicted, part) per row
+RULES = {"anthropic": _anthropic, "openai": _openai, "google": _gemini}
