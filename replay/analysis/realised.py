@@ -28,11 +28,12 @@ def realised_section(con, out_dir=None, tokenizer=None) -> str:
            "of our prompt tokens that the log does not hold and was inferred from usage (system prompt and "
            "tools of coding agents). The gap parts add up to the gap: each request's difference is counted "
            "under the rule that decided its prediction (docs/realised.md).", "",
-           "| provider | model | requests | sessions | our / provider tokens | predicted | realised | gap (pts) "
-           "| inferred | gap parts (pts) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+           "| provider | model | requests | sessions | our visible / provider tokens | predicted | realised "
+           "| gap (pts) | inferred | gap parts (pts) |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         parts = ", ".join(f"{k} {v:+.2f}" for k, v in r["gap_parts"].items() if abs(v) >= 0.005) or "-"
-        ratio = r["prompt_tokens"] / r["provider_prompt_tokens"] if r["provider_prompt_tokens"] else 0.0
+        visible = r["prompt_tokens"] * (1 - r["inferred_share"])  # (our tokens the log holds)
+        ratio = visible / r["provider_prompt_tokens"] if r["provider_prompt_tokens"] else 0.0
         name = "**all**" if r["model"] == "*" else f"`{r['model']}`"
         out.append(f"| {r['provider']} | {name} | {r['requests']:,} | {r['sessions']:,} | {ratio:.2f} | "
                    f"{_pct(r['predicted_hit_ratio'])} | {_pct(r['realised_hit_ratio'])} | {r['gap_points']:+.2f} | "
