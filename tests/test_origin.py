@@ -3,8 +3,7 @@
 Every hit token at depth d of request r is attributed to the most recent earlier
 request (processing order) of the same cache whose common prefix with r is ≥ d;
 its origin is the same session (same non-missing session id), else another
-session of the same tenant, else another tenant. Both the compiled and the
-Python trie, the compiled and the numpy kernel."""
+session of the same tenant, else another tenant."""
 
 import json
 import math
@@ -17,7 +16,6 @@ from replay import api
 from replay.core import hits as hits_module
 from replay.core import oracle
 from replay.core import replay as replay_module
-from replay.core import trie as trie_module
 from replay.core.grid import Grid
 from replay.core.replay import replay_prompts
 from replay.core.streams import MODES, ORIGINS, stream_key
@@ -26,24 +24,12 @@ from replay.core.times import ttl_us
 from replay.store import db, schema, walksets
 
 from gen import US, random_requests
+from support import kernels
 from test_sweep import _store
 from test_trie import _prompts
 
 R = oracle.OracleRequest
 GRID = Grid(ttls=(0, 1, 2, 5, 10, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4, 16), streams=MODES)
-
-
-@pytest.fixture(autouse=True, params=["compiled", "python"])
-def engine(request, monkeypatch):
-    """The compiled trie and kernel together, or the Python trie and the numpy kernel."""
-    if request.param == "compiled":
-        if not trie_module.COMPILED or hits_module._compiled is None:
-            pytest.skip("the compiled trie or kernel is not built here")
-    else:
-        monkeypatch.setattr(replay_module, "Trie", trie_module.PythonTrie)
-        monkeypatch.setattr(replay_module, "Writers", replay_module.PythonWriters)
-        monkeypatch.setattr(hits_module, "_compiled", None)
-    return request.param
 
 
 # ----------------------------------------------------------------------------- the brute force
@@ -161,11 +147,9 @@ def test_the_oracle_sweeps_origins_equal_the_literal_brute_force():
                 o: sum(want[(i, *k)][o] for i in range(len(reqs))) for o in ORIGINS}
 
 
-def test_the_compiled_and_the_numpy_kernels_agree_on_random_walks_with_origins(engine):
+def test_the_kernel_counts_origins_as_their_definition_on_random_walks():
     """Steps sharing a gap (an origin changes at a tie), requests without steps,
     hits ending inside a step, between steps and on a step's end."""
-    if hits_module._compiled is None:
-        pytest.skip("the compiled kernel is not built here")
     rng = np.random.default_rng(5)
     gaps, depths, origins, offsets = [], [], [], [0]
     for _ in range(3000):
@@ -179,28 +163,25 @@ def test_the_compiled_and_the_numpy_kernels_agree_on_random_walks_with_origins(e
     grid = Grid(ttls=(0, 1e-6, 60, 7200, math.inf), blocks=(1, 3, 16, 64), min_prefixes=(0, 16, 100),
                 streams=("global",))
     a = hits_module.hit_counts(*args, group, 7, *grid.arrays(), origins=np.asarray(origins))
-    b = hits_module.hit_counts_numpy(*args, group, 7, *grid.arrays())
-    c = hits_module.origin_counts_numpy(*args, np.asarray(origins, dtype=np.int8), group, 7, *grid.arrays())
-    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and np.array_equal(a[2], c)
-    assert np.array_equal(c.sum(axis=4), b[0]) and (c.sum(axis=(0, 1, 2, 3)) > 0).all()
+    b = kernels.hit_counts(*args, group, 7, *grid.arrays(), origins=origins)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
+    assert np.array_equal(b[2].sum(axis=4), b[0]) and (b[2].sum(axis=(0, 1, 2, 3)) > 0).all()
     with pytest.raises(ValueError, match="origin"):
         hits_module.hit_counts(*args, group, 7, *grid.arrays(), origins=np.full(len(gaps), 3))
 
 
-def test_the_compiled_and_the_python_writers_split_steps_alike(engine):
-    if replay_module.Writers is replay_module.PythonWriters:
-        pytest.skip("the compiled trie is not built here")
+def test_the_writers_split_steps_as_their_definition():
     rng = np.random.default_rng(3)
-    a, b = replay_module.Writers(), replay_module.PythonWriters()
+    a = replay_module.Writers()
     pairs = [(t, s) for t in "abc" for s in (None, "s1", "s2")]
-    for t, s in pairs:
-        assert a.code(t, s) == b.code(t, s)
+    assert [a.code(t, s) for t, s in pairs] == list(range(len(pairs)))
+    assert a.code(*pairs[4]) == 4  # (the same pair, the same code)
     for _ in range(500):
         k = int(rng.integers(0, 6))
         gaps = np.sort(rng.choice([0, 0, 1, 5, 9], size=k)).tolist()
         steps = [(g, d, int(rng.integers(0, len(pairs)))) for g, d in zip(gaps, range(1, k + 1))]
         me = int(rng.integers(0, len(pairs)))
-        assert a.split(steps, me) == b.split(steps, me)
+        assert a.split(steps, me) == kernels.split(steps, me, pairs)
     with pytest.raises(ValueError):
         a.split([(0, 1, len(pairs))], 0)
 

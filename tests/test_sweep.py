@@ -1,8 +1,6 @@
 """The sweep over stored walks, and the hit kernel, against the brute-force definition."""
 
 import math
-import os
-import shutil
 
 import numpy as np
 import polars as pl
@@ -18,52 +16,17 @@ from replay.core.times import INF_US, format_ttl, parse_ttl, ttl_us
 from replay.store import db
 from replay.store.walksets import StaleWalks
 
-from gen import random_requests, use_engine
+from gen import random_requests
+from support import kernels
 from test_trie import _prompts
 
 GRID = Grid(ttls=(0, 2, 5, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4),
             streams=("tenant", "key", "session", "global"))
 
-COMPILED = hits_module._compiled
-
-
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
-def counts_engine(request, monkeypatch):
-    """Every test here runs with the compiled kernel and with the numpy one."""
-    return use_engine(request, monkeypatch, hits_module, "hit kernel")
-
 
 def _store(con, reqs, modes=MODES, horizon_us=INF_US):
     res = replay_prompts(_prompts(reqs), modes, horizon_us=horizon_us)
     store_walks(con, {k: v for k, v in res.items() if k != "_nodes"}, horizon_us)
-
-
-def test_the_compiled_counts_are_built_where_a_compiler_is(counts_engine):
-    """`pip install` builds them whenever it can (the extension is optional, so a
-    failed build would otherwise go unnoticed, only slower)."""
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler here")
-    if os.environ.get("REPLAY_PURE_SWEEP"):
-        pytest.skip("REPLAY_PURE_SWEEP is set")
-    assert COMPILED is not None
-
-
-def _brute_counts(w, group, n_groups, grid: Grid):
-    """semantics.md written out request by request: L_τ the deepest step within
-    the TTL, floored to whole blocks, nothing below the minimum prefix."""
-    hits = np.zeros((n_groups, len(grid.ttls), len(grid.min_prefixes), len(grid.blocks)), dtype=np.int64)
-    nhit = np.zeros_like(hits)
-    for r in range(len(w.offsets) - 1):
-        steps = list(zip(w.gaps[w.offsets[r]:w.offsets[r + 1]], w.depths[w.offsets[r]:w.offsets[r + 1]]))
-        for ti, ttl in enumerate(grid.ttls):
-            L = max([d for g, d in steps if g <= ttl_us(ttl)], default=0)
-            for bi, b in enumerate(grid.blocks):
-                h = (L // b) * b
-                for mi, m in enumerate(grid.min_prefixes):
-                    h_m = h if h >= m else 0
-                    hits[group[r], ti, mi, bi] += h_m
-                    nhit[group[r], ti, mi, bi] += h_m > 0
-    return hits, nhit
 
 
 def _random_walks(rng, n):
@@ -90,7 +53,7 @@ def _random_walks(rng, n):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_hit_counts_equal_the_definition_request_by_request(seed):
-    """Both engines against the definition, on walks with TTL boundaries (a gap equal
+    """The kernel against the definition, on walks with TTL boundaries (a gap equal
     to a TTL is within it), partial blocks, depths equal to the minimum prefix,
     requests without steps and groups without requests."""
     rng = np.random.default_rng(seed)
@@ -99,15 +62,13 @@ def test_hit_counts_equal_the_definition_request_by_request(seed):
     group = rng.integers(0, n_groups, size=len(w.offsets) - 1)
     grid = Grid(ttls=(0.0, 0.000001, 60.0, 600.0, math.inf), blocks=(1, 7, 16, 512, 5000),
                 min_prefixes=(0, 1, 16, 1024, 2999), streams=("global",))
-    want = _brute_counts(w, group, n_groups, grid)
+    want = kernels.hit_counts(w.offsets, w.gaps, w.depths, group, n_groups, *grid.arrays())
     got = hits_module.hit_counts(w.offsets, w.gaps, w.depths, group, n_groups, *grid.arrays())
     assert got[0].shape == want[0].shape and got[0].dtype == np.int64 and got[1].dtype == np.int64
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
-def test_the_compiled_and_the_numpy_counts_agree_on_a_large_random_grid():
-    if COMPILED is None:
-        pytest.skip("the compiled sweep counts are not built here")
+def test_the_counts_equal_the_definition_on_a_large_random_grid():
     rng = np.random.default_rng(99)
     w = _random_walks(rng, 5000)
     group = rng.integers(0, 40, size=5000)
@@ -115,20 +76,19 @@ def test_the_compiled_and_the_numpy_counts_agree_on_a_large_random_grid():
                                              replace=False))[::-1]),
                 blocks=(512, 1, 3, 64), min_prefixes=(2048, 0, 100), streams=("global",))
     args = (w.offsets, w.gaps, w.depths, np.asarray(group, dtype=np.int64), 40, *grid.arrays())
-    a, b = COMPILED.hit_counts(*args), hits_module.hit_counts_numpy(*args)
+    a, b = hits_module.hit_counts(*args), kernels.hit_counts(*args)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and a[0].sum() > 0
     ttls = grid.arrays()[0]
-    assert np.array_equal(COMPILED.depths_under(w.offsets, w.gaps, w.depths, ttls),
-                          hits_module.depths_under_numpy(w.offsets, w.gaps, w.depths, ttls))
+    want = [[kernels.depth_under(w.gaps[w.offsets[r]:w.offsets[r + 1]], w.depths[w.offsets[r]:w.offsets[r + 1]], t)
+             for t in ttls] for r in range(len(w.offsets) - 1)]
+    assert hits_module.depths_under(w.offsets, w.gaps, w.depths, ttls).tolist() == want
 
 
 def test_hit_counts_refuse_a_group_out_of_range():
-    if COMPILED is None:
-        pytest.skip("the compiled sweep counts are not built here")
     w = _random_walks(np.random.default_rng(1), 3)
     with pytest.raises(ValueError, match="group"):
-        COMPILED.hit_counts(w.offsets, w.gaps, w.depths, np.array([0, 1, 2]), 2, np.array([1]), np.array([1]),
-                            np.array([0]))
+        hits_module.hit_counts(w.offsets, w.gaps, w.depths, np.array([0, 1, 2]), 2, np.array([1]), np.array([1]),
+                               np.array([0]))
 
 
 def _rounded(rows):

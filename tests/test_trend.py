@@ -17,14 +17,13 @@ from click.testing import CliRunner
 from replay import api
 from replay.analysis.trend import request_ceilings, week_keys, week_label, week_labels, weekly_ceilings
 from replay.cli.main import main
-from replay.core import hits as hits_module
 from replay.core import oracle
 from replay.core.times import ttl_us
 from replay.providers.economics import get_price, savings_table
 from replay.providers.model_savings import model_savings, savings_section
 from replay.store import db
 
-from gen import US, random_requests, use_engine
+from gen import US, random_requests
 from test_sweep import _store
 
 UTC = dt.timezone.utc
@@ -59,11 +58,6 @@ def test_week_labels_are_iso_weeks_of_utc_times():
 
 # ------------------------------------------------------------------ the oracle
 
-@pytest.fixture(params=["compiled", "numpy"])
-def hit_engine(request, monkeypatch):
-    return use_engine(request, monkeypatch, hits_module, "hit kernel")
-
-
 def _oracle_weekly(reqs, L, mode, block, min_prefix) -> dict:
     """(stream, model, week) → (requests, prompt tokens, hit tokens) from ``L``, the
     brute force's L_τ over the whole log, each request counted in its own ISO week."""
@@ -77,7 +71,7 @@ def _oracle_weekly(reqs, L, mode, block, min_prefix) -> dict:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_weekly_ceilings_equal_the_oracle_restricted_to_each_week(seed, hit_engine):
+def test_weekly_ceilings_equal_the_oracle_restricted_to_each_week(seed):
     """Gaps of seconds and of days, so that the log spans several weeks and caches
     stay warm across a boundary; one request exactly at Monday 00:00 UTC, one a µs before."""
     reqs = random_requests(seed, n=30 + 4 * seed, gaps=(0, 0, 1, 2, 5, 30, 86400, 2 * 86400),

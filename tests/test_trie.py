@@ -1,10 +1,5 @@
-"""The trie walk against the brute-force definition (semantics.md).
-
-Every test here runs twice: with the compiled trie (replay/core/_trie.pyx) and
-with the Python one (replay.core.trie.PythonTrie). Times are integer µs."""
-
-import shutil
-import sys
+"""The trie walk against the brute-force definition (semantics.md); the trie is
+compiled (replay/core/_trie.pyx), its one implementation. Times are integer µs."""
 
 import numpy as np
 import pytest
@@ -12,53 +7,25 @@ import pytest
 from replay.core import oracle
 from replay.core import prompts as prompts_module
 from replay.core import replay as replay_module
-from replay.core import trie as trie_module
-from replay.core.hits import depth_under
 from replay.core.prompts import Prompt, mooncake_symbols
 from replay.core.replay import replay_prompts
 from replay.core.streams import MODES
 from replay.core.times import INF_US
+from replay.core.trie import Trie
 
 from gen import TTLS_US, US, random_requests
-
-Trie = trie_module.Trie  # set to each implementation in turn by the fixture below
-
-
-@pytest.fixture(autouse=True, params=["compiled", "python"])
-def trie_class(request, monkeypatch):
-    if request.param == "compiled":
-        if not trie_module.COMPILED:
-            pytest.skip("the compiled trie is not built here")
-        cls = trie_module.Trie
-    else:
-        cls = trie_module.PythonTrie
-    monkeypatch.setattr(replay_module, "Trie", cls)
-    monkeypatch.setattr(sys.modules[__name__], "Trie", cls)
-    return cls
-
-
-def test_the_compiled_trie_is_built_where_a_compiler_is(trie_class):
-    """`pip install` builds it whenever it can (the extension is optional, so a
-    failed build would otherwise go unnoticed, only slower)."""
-    if shutil.which("cc") is None and shutil.which("gcc") is None:
-        pytest.skip("no C compiler here")
-    import os
-
-    if os.environ.get("REPLAY_PURE_TRIE") == "1":
-        pytest.skip("REPLAY_PURE_TRIE=1")
-    assert trie_module.COMPILED
-
+from support import kernels
+from support.kernels import depth_under
 
 @pytest.mark.parametrize("seed", range(40))
-def test_the_compiled_and_the_python_trie_walk_alike(seed):
-    """Node for node: steps, node counts, through splits, merges, long edges
-    (compared in chunks), int32 and int64 symbols in one trie, insertions of
-    prompt + output, shared prefixes and pruning."""
-    if not trie_module.COMPILED:
-        pytest.skip("the compiled trie is not built here")
+def test_the_trie_walks_as_the_brute_force_definition(seed):
+    """Walk for walk against every walk remembered whole: steps (with and without
+    owners) through splits, merges, long edges (compared in chunks), int32 and
+    int64 symbols in one trie, insertions of prompt + output, shared prefixes,
+    times a µs back, the horizon and pruning; its node count is the nodes it holds."""
     rng = np.random.default_rng(seed)
     horizon = [INF_US, 50 * US][seed % 2]
-    a, b = trie_module.Trie(horizon), trie_module.PythonTrie(horizon)
+    a, b = Trie(horizon), kernels.BruteTrie(horizon)
     bases = [rng.integers(0, 6, rng.integers(0, 300)) for _ in range(5)]
     prev = None
     t = 0
@@ -73,13 +40,16 @@ def test_the_compiled_and_the_python_trie_walk_alike(seed):
             seq = np.concatenate([prev, seq]).astype(seq.dtype)
             known = len(prev)
         insert = np.concatenate([seq, rng.integers(0, 6, 20)]) if rng.random() < 0.3 else None
-        assert a.walk(seq, t, insert=insert, known=known) == b.walk(seq, t, insert=insert, known=known), i
-        assert a.nodes == b.nodes
+        owner = int(rng.integers(0, 3)) if seed % 4 >= 2 else None
+        assert a.walk(seq, t, insert=insert, known=known, owner=owner) == b.walk(
+            seq, t, insert=insert, known=known, owner=owner), i
+        assert a.nodes == kernels.count_nodes(a)
         prev = seq
         if rng.random() < 0.05:
             a.prune(t)
             b.prune(t)
-            assert a.nodes == b.nodes
+            assert a.nodes == kernels.count_nodes(a)
+
 
 def _prompts(reqs):
     return [Prompt(i, reqs[i].ts, reqs[i].tenant, reqs[i].key, reqs[i].session,
@@ -269,12 +239,11 @@ def test_the_cycle_collector_is_paused_while_walking_and_left_as_it_was():
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_the_compiled_prompt_assembly_equals_the_python_one(seed):
-    """SegmentStore.extend (compiled) against extend_py: an agent's next turn, an
-    earlier message changed, the same prompt again, nothing shared, no previous
-    prompt, empty segments and empty prompts."""
-    if prompts_module._compiled_extend is None:
-        pytest.skip("the compiled trie is not built here")
+def test_the_prompt_assembly_equals_its_definition(seed):
+    """SegmentStore.extend against the segments concatenated and the part shared
+    by definition: an agent's next turn, an earlier message changed, the same
+    prompt again, nothing shared, no previous prompt, empty segments and empty
+    prompts."""
     rng = np.random.default_rng(seed)
     store = object.__new__(prompts_module.SegmentStore)
     store._tokens = {int(s): rng.integers(0, 1000, rng.integers(0, 40)).astype(np.int32)
@@ -296,22 +265,20 @@ def test_the_compiled_prompt_assembly_equals_the_python_one(seed):
             ids = prev[0] + [sids[i] for i in rng.integers(0, len(sids), rng.integers(0, 5))]
         before = None if rng.random() < 0.1 else prev
         got, shared = store.extend(ids, before)
-        want, want_shared = store.extend_py(ids, before)
+        want, want_shared = kernels.extend(store._tokens, ids, before)
         assert got.dtype == want.dtype == np.int32
         assert got.tolist() == want.tolist() and shared == want_shared
         prev = (ids, got)
 
 
-def test_the_compiled_prompt_assembly_refuses_other_than_int32_tokens():
+def test_the_prompt_assembly_refuses_other_than_int32_tokens():
     """It copies raw memory: an int64 segment would be read past its end."""
-    if prompts_module._compiled_extend is None:
-        pytest.skip("the compiled trie is not built here")
     tokens = {1: np.array([1, 2], dtype=np.int32), 2: np.array([3], dtype=np.int64)}
-    assert prompts_module._compiled_extend(tokens, [1], None)[0].tolist() == [1, 2]
+    assert prompts_module._extend(tokens, [1], None)[0].tolist() == [1, 2]
     with pytest.raises(TypeError, match="int32"):
-        prompts_module._compiled_extend(tokens, [1, 2], None)
+        prompts_module._extend(tokens, [1, 2], None)
     with pytest.raises(TypeError, match="int32"):  # the previous prompt's tokens too
-        prompts_module._compiled_extend(tokens, [1, 1], ([1, 1], np.array([1, 2, 1, 2], dtype=np.int64)))
+        prompts_module._extend(tokens, [1, 1], ([1, 1], np.array([1, 2, 1, 2], dtype=np.int64)))
 
 
 def _arrays(trie) -> dict[int, np.ndarray]:
@@ -319,11 +286,7 @@ def _arrays(trie) -> dict[int, np.ndarray]:
     out, stack = {}, [trie.root]
     while stack:
         node = stack.pop()
-        if hasattr(node, "edge"):  # the Python trie: an edge is a view (or the array itself)
-            arr = node.edge if node.edge.base is None else node.edge.base
-        else:
-            arr = node.base
-        out[id(arr)] = arr
+        out[id(node.base)] = node.base
         stack.extend(node.children.values())
     return out
 

@@ -14,12 +14,11 @@ from replay.analysis.capacity import COLUMNS, CapacityGrid
 from replay.analysis.capacity import capacity as run_capacity
 from replay.cli.main import main
 from replay.core import capacity as cap
-from replay.core import hits as hits_module
 from replay.core import oracle
 from replay.core.grid import Grid
 from replay.core.streams import stream_key
 from replay.core.sweep import sweep
-from replay.core.times import INF_US
+from replay.times import INF_US
 from replay.core.warmup import measured_mask, parse_warmup, warmup_count
 from replay.store import db
 
@@ -31,18 +30,13 @@ GRID_ARGS = dict(ttls=(0, 2, 5, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixe
                  streams=("tenant", "key", "session", "global"))
 
 
-@pytest.fixture(params=["compiled", "numpy"])
-def hit_engine(request, monkeypatch):
-    return use_engine(request, monkeypatch, hits_module, "hit kernel")
-
-
 def _key(r):
     return (r["stream"], math.inf if r["ttl_s"] is None else r["ttl_s"], r["block"], r["min_prefix"])
 
 
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.parametrize("warmup", [0.5, 0.3, 0.9, 0.01])
-def test_sweep_with_warmup_equals_the_oracle_on_the_measured_requests(seed, warmup, hit_engine):
+def test_sweep_with_warmup_equals_the_oracle_on_the_measured_requests(seed, warmup):
     """Ties in time at the cut (gaps of 0 s): the earlier in input order is warm-up."""
     reqs = random_requests(seed, n=9 + 4 * seed, jitter_us=(0, 0, -1, 1),
                            models=(None, "m1") if seed % 2 else (None,))
@@ -61,7 +55,7 @@ def test_sweep_with_warmup_equals_the_oracle_on_the_measured_requests(seed, warm
     assert profiles == {"ideal": g.size, f"ideal warmup={warmup:g}": g.size}
 
 
-def test_a_warmup_of_zero_is_the_whole_log_and_keeps_the_columns(hit_engine):
+def test_a_warmup_of_zero_is_the_whole_log_and_keeps_the_columns():
     reqs = random_requests(3, n=30)
     con = db.connect(None)
     _store(con, reqs)
@@ -73,7 +67,7 @@ def test_a_warmup_of_zero_is_the_whole_log_and_keeps_the_columns(hit_engine):
     assert _rounded(sorted(a.to_dicts(), key=_key)) == _rounded(sorted(want, key=_key))
 
 
-def test_by_stream_rows_with_warmup_add_up_to_the_aggregate(hit_engine):
+def test_by_stream_rows_with_warmup_add_up_to_the_aggregate():
     reqs = random_requests(5, n=40, models=(None, "m"))
     con = db.connect(None)
     _store(con, reqs)

@@ -34,7 +34,7 @@ of its walk, the prefix ``x = P_r[:d]`` has last-used ``T(x)`` = the latest time
 of an earlier request whose walked prompt or inserted sequence starts with ``x``,
 and an owner = the (tenant, session) of the last such request (processing order);
 the step function is the run-length encoding of ``d ↦ (t − T(x), origin(owner))``
-cut where ``t − T(x)`` exceeds the horizon (``PythonTrie``: node splits and merges
+cut where ``t − T(x)`` exceeds the horizon (``replay.core.trie``: node splits and merges
 preserve this function; a node idle past the horizon counts as absent, in walk and
 prune alike, and since last-used never grows with depth the cut is the same
 however the trie is shaped). So a trie that has seen *every* request passing
