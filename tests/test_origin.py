@@ -20,7 +20,7 @@ from replay.core.grid import Grid
 from replay.core.replay import replay_prompts
 from replay.core.streams import MODES, ORIGINS, stream_key
 from replay.core.sweep import ORIGIN_COLUMNS, sweep
-from replay.core.times import ttl_us
+from replay.times import ttl_us
 from replay.store import db, schema, walksets
 
 from gen import US, random_requests

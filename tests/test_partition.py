@@ -21,7 +21,7 @@ from replay.core.prompts import Prompt, SegmentStore, iter_prompts
 from replay.core.replay import replay_prompts, store_walks
 from replay.core.streams import MODES
 from replay.core.sweep import sweep
-from replay.core.times import INF_US
+from replay.times import INF_US
 
 from gen import US, random_requests
 

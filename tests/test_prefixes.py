@@ -14,7 +14,7 @@ from replay.analysis.prefixes import part_labels, prefix_hash, prefixes_section
 from replay.cli.main import main
 from replay.core import oracle
 from replay.core.prompts import iter_prompts
-from replay.core.times import INF_US
+from replay.times import INF_US
 from replay.prepare import prepare
 from replay.store import db
 from replay.text.segids import MARKER_SEG

@@ -13,7 +13,7 @@ import pytest
 from replay.core import oracle
 from replay.core.grid import Grid
 from replay.core.sweep import sweep
-from replay.core.times import ttl_us
+from replay.times import ttl_us
 from replay.prepare import prepare
 from replay.providers.catalog import get_profile, list_profiles, profile_for_model
 from replay.providers.profiles import profile_sweep

@@ -20,7 +20,7 @@ from replay import api  # noqa: E402
 from replay.cli.main import main  # noqa: E402
 from replay.core.grid import Grid  # noqa: E402
 from replay.core.streams import MODES, VARIANTS  # noqa: E402
-from replay.core.times import INF_US  # noqa: E402
+from replay.times import INF_US  # noqa: E402
 from replay.distributed import DistributedReplayFailed  # noqa: E402
 from replay.distributed.ray_engine import FAULT_ENV, RayEngine  # noqa: E402
 from replay.store import walksets  # noqa: E402

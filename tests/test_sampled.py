@@ -13,7 +13,7 @@ from replay.analysis.capacity import CapacityGrid
 from replay.analysis.capacity import capacity as run_capacity
 from replay.core import sampled
 from replay.core.prompts import iter_prompts
-from replay.core.times import INF_US
+from replay.times import INF_US
 
 from gen import US, random_requests, use_engine
 from test_cli import SAMPLE

@@ -16,7 +16,7 @@ from replay.core.prompts import SegmentStore, iter_prompts
 from replay.core.replay import replay_prompts
 from replay.core.segment_window import SegmentWindow
 from replay.core.streams import MODES
-from replay.core.times import INF_US
+from replay.times import INF_US
 
 from gen import random_requests
 from test_partition import VARIANTS, partitioned, prompts_of, same

@@ -12,7 +12,7 @@ from replay.core.grid import Grid
 from replay.core.replay import replay_prompts, store_walks
 from replay.core.streams import MODES, stream_key
 from replay.core.sweep import sweep
-from replay.core.times import INF_US, format_ttl, parse_ttl, ttl_us
+from replay.times import INF_US, format_ttl, parse_ttl, ttl_us
 from replay.store import db
 from replay.store.walksets import StaleWalks
 

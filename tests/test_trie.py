@@ -10,7 +10,7 @@ from replay.core import replay as replay_module
 from replay.core.prompts import Prompt, mooncake_symbols
 from replay.core.replay import replay_prompts
 from replay.core.streams import MODES
-from replay.core.times import INF_US
+from replay.times import INF_US
 from replay.core.trie import Trie
 
 from gen import TTLS_US, US, random_requests

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
 """The trie of :mod:`replay.core.trie` (its contract is written there): the one
 implementation, tested against the brute-force definition of a walk
-(``tests/support/trie_oracle.py``). A node holds a pointer into the array its
+(``tests/support/kernels.py``). A node holds a pointer into the array its
 edge is a view of (and a reference to that array), and edges are compared
 element by element in C (a numpy comparison per edge cost more in call
 overhead than in comparing). Symbols may be int32 (token ids) or int64 (block
@@ -56,7 +56,7 @@ cdef const char* _data(object arr) except NULL:
 
 
 cdef int64_t _EMPTY_SYMBOL = 0
-cdef int64_t INF_US = 9223372036854775807  # replay.core.times.INF_US
+cdef int64_t INF_US = 9223372036854775807  # replay.times.INF_US
 
 
 cdef class Tails:

@@ -7,7 +7,7 @@ between them, ``replay.core.replay``); for a TTL τ
     L_τ = depth of the last step with gap ≤ τ    (0 when there is none)
     hit = floor(L_τ / B) · B,  then 0 if that is < m     (semantics.md)
 
-Gaps and TTLs are integer microseconds (``replay.core.times``), so a gap of
+Gaps and TTLs are integer microseconds (``replay.times``), so a gap of
 exactly τ is a hit. Every consumer of walks — the sweep, the walk profiles, the
 diagnosis, the simulators that replay through a trie — reads ``L_τ`` through
 this module: :func:`depths_under` and :func:`hit_counts`, compiled

@@ -28,7 +28,7 @@ import numpy as np
 from replay.core.prompts import iter_prompts
 from replay.core.streams import MODES, stream_key
 from replay.core._trie import Writers
-from replay.core.times import INF_US
+from replay.times import INF_US
 from replay.core.trie import Trie
 from replay.core.walks import delete_walks, insert_walks
 from replay.store import walksets

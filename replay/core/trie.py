@@ -38,7 +38,7 @@ each block in ``cum`` (cumulative token counts), so depths are always tokens.
 
 The trie is compiled (``replay/core/_trie.pyx``, built by ``pip install``; a C
 compiler is required): there is one implementation, tested against the
-brute-force definition of a walk (``tests/support/trie_oracle.py``).
+brute-force definition of a walk (``tests/support/kernels.py``).
 
 ``Trie(horizon=INF_US)``: when ``horizon`` (µs) is finite, nodes idle for longer
 than the horizon are pruned from time to time, so memory follows the TTL window.

@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from replay.core.grid import Grid
-from replay.core.times import US_PER_S
+from replay.times import US_PER_S
 from replay.providers.catalog import get_profile, judging_config
 from replay.providers.request_hits import request_hits
 from replay.store import db

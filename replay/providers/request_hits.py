@@ -21,7 +21,7 @@ from replay.core.grid import Grid
 from replay.core.prompts import Prompt, iter_prompts
 from replay.core.replay import replay_prompts
 from replay.core.streams import stream_key
-from replay.core.times import ttl_us
+from replay.times import ttl_us
 from replay.core.walks import read_walks
 from replay.prepare import prepare
 from replay.providers.catalog import Profile, get_profile

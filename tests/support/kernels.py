@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.core.times import INF_US
+from replay.times import INF_US
 
 SAME_SESSION, OTHER_SESSION, OTHER_TENANT = 0, 1, 2  # replay.core.streams.ORIGINS
 
