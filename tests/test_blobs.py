@@ -245,7 +245,7 @@ def _json_values(rng, depth=0):
 
 
 def test_value_hash_equal_exactly_when_orjson_writes_the_same():
-    """The key memo's hash (replay/_jsonhash.pyx) against its definition: two
+    """The key memo's hash (replay/readers/_jsonhash.pyx) against its definition: two
     values share a hash when, and only when, orjson serializes them the same."""
     import random
 

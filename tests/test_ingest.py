@@ -1,4 +1,4 @@
-"""Tests of replay/ingest.py (and replay/formats.py)."""
+"""Tests of replay/readers/ingest.py (and replay/readers/formats.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of the sample generator (replay/synth.py)."""
+"""Tests of the sample generator (replay/synth/)."""
 
 from __future__ import annotations
 
