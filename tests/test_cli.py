@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli.main import main
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
 
 

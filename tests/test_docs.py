@@ -4,9 +4,8 @@ file inside it, and every path of the package they (and the build files) name ex
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 PACKAGE_PATH = re.compile(r"\breplay/[\w/]+\.(?:py|pyx|toml)\b")

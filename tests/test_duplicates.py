@@ -16,7 +16,7 @@ from replay.analysis import duplicates as D
 from replay.cli.main import main
 from replay.core.streams import stream_key
 
-from gen import TTLS_US, US, random_requests
+from support.gen import TTLS_US, US, random_requests
 from test_end_to_end import _write_tokens_log
 
 MODES = ("tenant", "key", "session", "global")

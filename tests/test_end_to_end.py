@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from replay.cli.main import main
 from replay.core import oracle
 
-from gen import US, random_requests
+from support.gen import US, random_requests
 
 EPOCH_US = 1_700_000_000 * US
 

@@ -17,12 +17,12 @@ from replay.core import oracle
 from replay.core.grid import Grid
 from replay.store import db
 
-from gen import US, random_requests
+from support.gen import US, random_requests
 from test_end_to_end import _write_tokens_log
+from support.paths import FIXTURES, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
-KVT = Path(__file__).parent / "fixtures" / "hashtraces" / "kv-cache-tester"
+KVT = FIXTURES / "hashtraces" / "kv-cache-tester"
 SAMPLE_TTLS = (0.0, 1.0, 60.0, 300.0, 3600.0, math.inf)
 
 

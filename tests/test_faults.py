@@ -23,9 +23,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from procs import assert_no_leftovers, replay, start, tagged
+from support.procs import assert_no_leftovers, replay, start, tagged
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
 TABLES = ("sources", "requests", "blobs", "rejects", "segments", "prompts", "meta", "walks", "walk_sets",
           "set_aside", "results")

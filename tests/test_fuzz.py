@@ -40,8 +40,8 @@ from replay.readers.formats import FORMATS
 from replay.readers.ingest import ingest
 from replay.store import db
 
-from conftest import ROOT, SHARED
-from gen import random_requests
+from support.paths import ROOT, SHARED
+from support.gen import random_requests
 
 N_LINES = int(os.environ.get("REPLAY_FUZZ_LINES", "10000"))
 SEED = int(os.environ.get("REPLAY_FUZZ_SEED", "8191"))

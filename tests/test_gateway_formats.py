@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -15,9 +14,10 @@ from replay import api
 from replay.cli.main import main
 from replay.store import db
 
-import gateway_logs as gl
+from support import gateway_logs as gl
+from support.paths import FIXTURES
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gateways"
+FIXTURES = FIXTURES / "gateways"
 SECRET = "PROMPT-TEXT-never-in-a-reject-7f3a"
 NS = 1_000_000_000
 

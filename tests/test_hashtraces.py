@@ -21,8 +21,9 @@ from replay.core.oracle import lcp
 from replay.times import ttl_us
 from replay.readers.hashtraces import chain_ids
 from replay.store import db
+from support.paths import FIXTURES
 
-FIX = Path(__file__).parent / "fixtures" / "hashtraces"
+FIX = FIXTURES / "hashtraces"
 BAILIAN = FIX / "bailian_trace_blksz_16.jsonl"
 RAGPULSE = FIX / "ragpulse"
 KVT = FIX / "kv-cache-tester"

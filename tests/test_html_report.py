@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from replay import api
 from replay.analysis.html import HTML_NAME, render
 from replay.cli.main import main
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
 CANARY = "CANARY-" + secrets.token_hex(8)
 BROWSER = next((b for b in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if b), None)

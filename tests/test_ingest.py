@@ -17,7 +17,7 @@ from replay.store import db
 from replay.readers.formats import BASH_TOOL, Reject, parse_ts
 from replay.readers.ingest import IngestSummary, expand_paths, ingest, summary_text
 
-from conftest import SHARED as DATA  # noqa: E402
+from support.paths import SHARED as DATA  # noqa: E402
 
 MOONCAKE = DATA / "mooncake" / "conversation_trace.jsonl"
 TRAJ_DIR = DATA / "mini-swe-agent-deepseek" / "deepseek_chat_dev"

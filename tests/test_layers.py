@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "replay"
 ROW = re.compile(r"^\|\s*([^|]+?)\s*\|\s*`(replay/[^`]*)`\s*\|")
 

@@ -23,7 +23,7 @@ from replay.core.sweep import ORIGIN_COLUMNS, sweep
 from replay.times import ttl_us
 from replay.store import db, schema, walksets
 
-from gen import US, random_requests
+from support.gen import US, random_requests
 from support import kernels
 from test_sweep import _store
 from test_trie import _prompts

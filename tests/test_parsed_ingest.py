@@ -16,8 +16,8 @@ from replay import api
 from replay.readers.parsed import parse_file
 from test_chat_template import conversations_log
 from test_ingest import anthropic_wrapped, write_jsonl
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 TABLES = {"requests": "*", "rejects": "*", "blobs": "*",
           "sources": "source_id, path, sha256, format, lines, loaded, rejected, time_unit"}
 

@@ -23,7 +23,7 @@ from replay.core.streams import MODES
 from replay.core.sweep import sweep
 from replay.times import INF_US
 
-from gen import US, random_requests
+from support.gen import US, random_requests
 
 VARIANTS = ("prompt", "prompt+output")
 

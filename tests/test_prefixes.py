@@ -19,7 +19,7 @@ from replay.prepare import prepare
 from replay.store import db
 from replay.text.segids import MARKER_SEG
 
-from gen import US, random_requests
+from support.gen import US, random_requests
 
 EPOCH_US = 1_700_000_000 * US
 CANARY = "PREFIX-CANARY-SECRET-TEXT"

@@ -22,7 +22,7 @@ from replay.providers.simulators import AnthropicRequest, anthropic_layout, open
 from replay.store import db
 from replay.text.render import render_request
 
-from gen import US, random_requests
+from support.gen import US, random_requests
 from test_mlx_profile import oracle as mlx_oracle
 
 MODES4 = ("tenant", "key", "session", "global")

@@ -21,10 +21,10 @@ from replay.cli.main import main
 from replay.readers import files
 from replay.readers.ingest import expand_paths, ingest
 from replay.store import db
+from support.paths import FIXTURES, ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
-RAGPULSE = Path(__file__).parent / "fixtures" / "hashtraces" / "ragpulse"
+RAGPULSE = FIXTURES / "hashtraces" / "ragpulse"
 
 
 @pytest.fixture(autouse=True)

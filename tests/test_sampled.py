@@ -15,7 +15,7 @@ from replay.core import sampled
 from replay.core.prompts import iter_prompts
 from replay.times import INF_US
 
-from gen import US, random_requests, use_engine
+from support.gen import US, random_requests, use_engine
 from test_cli import SAMPLE
 from test_end_to_end import _write_tokens_log
 from test_simulate import _prompts

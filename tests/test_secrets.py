@@ -55,8 +55,8 @@ from click.testing import CliRunner
 
 from replay.cli.main import main
 from replay.store import db
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
 CANARY = "CANARY-" + secrets.token_hex(8)
 

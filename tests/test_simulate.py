@@ -10,7 +10,7 @@ from replay.core import oracle, simulate
 from replay.core.prompts import Prompt
 from replay.core.streams import stream_key
 
-from gen import TTLS_US, random_requests
+from support.gen import TTLS_US, random_requests
 
 CAPACITIES = (1, 2, 3, 5, 8, 13, 40, 10_000)
 

@@ -18,7 +18,7 @@ from replay.core.segment_window import SegmentWindow
 from replay.core.streams import MODES
 from replay.times import INF_US
 
-from gen import random_requests
+from support.gen import random_requests
 from test_partition import VARIANTS, partitioned, prompts_of, same
 
 

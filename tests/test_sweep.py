@@ -16,7 +16,7 @@ from replay.times import INF_US, format_ttl, parse_ttl, ttl_us
 from replay.store import db
 from replay.store.walksets import StaleWalks
 
-from gen import random_requests
+from support.gen import random_requests
 from support import kernels
 from test_trie import _prompts
 

@@ -6,14 +6,13 @@ import gzip
 import json
 from collections import defaultdict
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
 from replay.synth import generator as synth
 from replay.synth.generator import CAUSES, generate
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
 
 # where (part of the rendered prompt) each planted cause sits

@@ -15,9 +15,9 @@ import pytest
 
 from replay.text import render_template, template_env
 from replay.text.render_template import ChatTemplate
+from support.paths import ROOT
 
 transformers_utils = pytest.importorskip("transformers.utils.chat_template_utils")
-ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = [*sorted((ROOT / "tests" / "fixtures" / "templates").glob("*.jinja")),
              *sorted((ROOT / "bench" / "templates").glob("*.jinja"))]
 

@@ -12,15 +12,15 @@ notes reads and subscribes as the Python ``_PyTracked`` and the sandbox's
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 from replay.text import render_template
 from replay.text.render_template import _glued
+from support.paths import ROOT
 
 CUT = {"<s>", "<u>", "<t>"}
-V31 = Path(__file__).resolve().parents[1] / "bench" / "templates" / "tool_chat_template_deepseekv31.jinja"
+V31 = ROOT / "bench" / "templates" / "tool_chat_template_deepseekv31.jinja"
 
 
 def _spec(pieces: list[str], parts: list[int]) -> list[tuple[str, int]]:

@@ -18,8 +18,8 @@ from replay.core.grid import Grid
 from replay.readers.ingest import summary_text
 from replay.readers.timeorder import MAX_STEP_US, classify
 from replay.store import db
+from support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
 S = 1_000_000  # µs
 

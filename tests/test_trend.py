@@ -23,7 +23,7 @@ from replay.providers.economics import get_price, savings_table
 from replay.providers.model_savings import model_savings, savings_section
 from replay.store import db
 
-from gen import US, random_requests
+from support.gen import US, random_requests
 from test_sweep import _store
 
 UTC = dt.timezone.utc

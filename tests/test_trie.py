@@ -13,7 +13,7 @@ from replay.core.streams import MODES
 from replay.times import INF_US
 from replay.core.trie import Trie
 
-from gen import TTLS_US, US, random_requests
+from support.gen import TTLS_US, US, random_requests
 from support import kernels
 from support.kernels import depth_under
 

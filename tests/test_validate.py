@@ -13,7 +13,6 @@ import random
 import signal
 import socket
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,9 +22,10 @@ pytest.importorskip("mlx_lm")
 from replay.store import db  # noqa: E402
 from replay.validate import check as V  # noqa: E402
 from replay.validate.mlx_model import build_random_model, raw_messages  # noqa: E402
+from support.paths import SAMPLE
 
 pytestmark = pytest.mark.mlx
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+SAMPLE = SAMPLE
 
 VOCAB = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi "
          "omicron pi rho sigma tau upsilon phi chi psi omega").split()

@@ -22,7 +22,7 @@ from replay.times import INF_US
 from replay.core.warmup import measured_mask, parse_warmup, warmup_count
 from replay.store import db
 
-from gen import US, random_requests, use_engine
+from support.gen import US, random_requests, use_engine
 from test_end_to_end import _write_tokens_log
 from test_sweep import _rounded, _store
 

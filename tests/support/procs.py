@@ -11,9 +11,9 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.paths import ROOT
+
 TAG = "REPLAY_TEST_PROCESS_TAG"
 MAIN = "from replay.cli.main import main; main()"
 

@@ -9,7 +9,7 @@ tenant / session partition, same usage), plus what an export holds beside them
 an export must equal the sweep of the plain log, and its extra units are
 rejected with their reasons.
 
-``python tests/gateway_logs.py DIR`` writes the checked-in fixtures
+``python tests/support/gateway_logs.py DIR`` writes the checked-in fixtures
 (``tests/fixtures/gateways``).
 """
 
