@@ -28,3 +28,14 @@ def sample_con(tmp_path_factory):
     api.prepare(con, modes=())  # tokenize
     yield con
     con.close()
+
+
+@pytest.fixture
+def inline(monkeypatch):
+    """The encoder in this process (``REPLAY_ENCODER=inline``); a chat template's
+    inputs unfrozen after the test."""
+    from replay.text import render_template
+
+    monkeypatch.setenv("REPLAY_ENCODER", "inline")
+    yield
+    render_template.freeze_inputs(False)

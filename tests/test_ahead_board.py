@@ -18,8 +18,10 @@ from replay.text.template_ahead import RequestsAhead
 from replay.text.tok import load_tokenizer
 from replay.text.tokenize import tokenize_stage
 
-from test_chat_template import DATED, STRIPS, conversations_log
-from test_template_ahead import CHUNK, InProcess, _baseline, _rows, inline  # noqa: F401 - a fixture
+from support.conversations import DATED, STRIPS, conversations_log
+from support.text import CHUNK, InProcess
+from support.text import baseline as _baseline
+from support.text import rows as _rows
 
 
 def test_the_board_is_shared_with_another_process():

@@ -18,7 +18,7 @@ from replay.providers.catalog import model_family, profile_for_model
 from replay.providers.model_savings import model_savings, savings_section
 from replay.providers.profiles import profile_sweep
 
-from test_profiles import make_db
+from support.logs import make_db
 from support.paths import ROOT
 
 SAMPLE = ROOT / "data" / "sample"

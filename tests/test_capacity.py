@@ -21,7 +21,7 @@ from replay.core.times import INF_US
 from replay.providers import kv
 
 from support.gen import TTLS_US, US, random_requests, use_engine
-from test_end_to_end import _write_tokens_log
+from support.logs import write_tokens_log as _write_tokens_log
 
 
 @pytest.fixture(autouse=True, params=["compiled", "python"])

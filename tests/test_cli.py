@@ -8,9 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli.main import main
-from support.paths import ROOT
+from support.paths import ROOT, SAMPLE
 
-SAMPLE = ROOT / "data" / "sample"
 
 
 def test_help_lists_the_commands():

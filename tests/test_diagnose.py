@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
-import uuid
 from pathlib import Path
 
 import polars as pl
@@ -31,107 +29,7 @@ import pytest
 from replay.store import db
 from replay import api as pipeline
 from replay.analysis.diagnose import PARTS, diagnose, diff_view, miss_parts, why_miss_section
-
-WORDS = ("the cache prefix token request stream tenant session model agent tool result file "
-         "function value error build test deploy query table index branch commit review plan "
-         "memory budget latency window header schema order json key user system message turn "
-         "history summary edit patch config option server client proxy route block batch").split()
-
-CAUSE_OF_TENANT = {
-    "t_rh": "rotating_header", "t_ts": "timestamp", "t_id": "volatile_id", "t_pu": "per_user_data",
-    "t_to": "tool_order", "t_sc": "tool_schema_change", "t_jk": "json_key_order",
-    "t_hr": "history_rewrite", "t_ok": None,
-}
-
-
-def _text(r: random.Random, n: int) -> str:
-    return " ".join(r.choice(WORDS) for _ in range(n)).capitalize() + "."
-
-
-def _tools(r: random.Random) -> list[dict]:
-    out = []
-    for name in ("read_file", "write_file", "run_shell", "search_code", "list_dir"):
-        out.append({"name": name, "description": _text(r, 60),
-                    "input_schema": {"type": "object",
-                                     "properties": {"path": {"type": "string", "description": _text(r, 8)},
-                                                    "limit": {"type": "integer"}},
-                                     "required": ["path"]}})
-    return out
-
-
-def _iso(t: float) -> str:
-    import datetime as dt
-
-    return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def planted_logs(out: Path, seed: int = 0, sessions: int = 3, turns: int = 5) -> dict:
-    """Write ``planted.jsonl`` and ``clean.jsonl`` (paired line by line) into ``out``;
-    return {line_no: (tenant, turn)}."""
-    r = random.Random(seed)
-    base_tools = _tools(r)
-    names = ["Alice Martin", "Bob Okafor", "Chen Wei", "Dana Kowalski"]
-    planted, clean, tenants = [], [], {}
-    t0 = 1_763_000_000.0
-    for ti, tenant in enumerate(CAUSE_OF_TENANT):
-        cause = CAUSE_OF_TENANT[tenant]
-        t = t_start = t0 + ti * 7200.0
-        system_body = "\n\n".join(_text(r, 70) for _ in range(4))  # one application per tenant
-        for s in range(sessions):
-            session = f"{tenant}-s{s}"
-            user = f"{tenant}-u{s}"
-            hist: list[dict] = [{"role": "user", "content": _text(r, r.randint(30, 60))}]
-            prev_hist = None
-            order = list(range(len(base_tools)))
-            for turn in range(turns):
-                t += r.uniform(20, 60)
-                tools_p = [dict(x) for x in base_tools]
-                tools_c = [dict(x) for x in base_tools]
-                sys_p = [{"type": "text", "text": system_body}]
-                sys_c = [{"type": "text", "text": system_body}]
-                hist_c = hist
-                if cause == "rotating_header":
-                    sys_p.insert(0, {"type": "text", "text": f"x-anthropic-billing-header: cc_version=1.0.9; "
-                                                              f"cch={r.getrandbits(20):05x};"})
-                    sys_c.insert(0, {"type": "text", "text": "x-anthropic-billing-header: cc_version=1.0.9; cch=00000;"})
-                elif cause == "timestamp":
-                    sys_p[0] = {"type": "text", "text": f"Current time: {_iso(t)}\n" + system_body}
-                    sys_c[0] = {"type": "text", "text": f"Current time: {_iso(t0)}\n" + system_body}
-                elif cause == "volatile_id":
-                    head, tail = system_body.split("\n\n", 1)
-                    sys_p[0] = {"type": "text", "text": f"{head}\n\nRequest-Id: {uuid.UUID(int=r.getrandbits(128))}\n\n{tail}"}
-                    sys_c[0] = {"type": "text", "text": f"{head}\n\nRequest-Id: {uuid.UUID(int=0)}\n\n{tail}"}
-                elif cause == "per_user_data":
-                    sys_p[0] = {"type": "text", "text": f"You are talking to {names[s % 4]} (user u-{1000 + s}).\n" + system_body}
-                    sys_c[0] = {"type": "text", "text": "You are talking to the user (user u-0000).\n" + system_body}
-                elif cause == "tool_order":
-                    r.shuffle(order)
-                    tools_p = [tools_p[i] for i in order]
-                elif cause == "tool_schema_change":
-                    version = int((t - t_start) // 150)  # an MCP server restart every 150 s
-                    tools_p[-1] = dict(tools_p[-1], description=f"[server v{version}] " + tools_p[-1]["description"])
-                    tools_c[-1] = dict(tools_c[-1], description="[server v0] " + tools_c[-1]["description"])
-                elif cause == "json_key_order":
-                    keys = ["name", "description", "input_schema"]
-                    r.shuffle(keys)
-                    tools_p = [{k: x[k] for k in keys} for x in tools_p]
-                elif cause == "history_rewrite" and turn == 3:
-                    prev_hist = [dict(m) for m in hist]
-                    hist[1] = dict(hist[1], content="[truncated]")  # an old assistant reply, persistently
-                    hist_c = prev_hist
-                body_p = {"model": "m", "system": sys_p, "tools": tools_p, "messages": list(hist),
-                          "metadata": {"user_id": user}}
-                body_c = {"model": "m", "system": sys_c, "tools": tools_c, "messages": list(hist_c),
-                          "metadata": {"user_id": user}}
-                for dst, body in ((planted, body_p), (clean, body_c)):
-                    dst.append({"timestamp": t, "tenant": tenant, "session": session, "request": body})
-                tenants[len(planted)] = (tenant, turn)
-                hist = hist + [{"role": "assistant", "content": _text(r, r.randint(20, 50))},
-                               {"role": "user", "content": _text(r, r.randint(10, 40))}]
-    out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("planted", planted), ("clean", clean)):
-        (out / f"{name}.jsonl").write_text("\n".join(json.dumps(x) for x in rows) + "\n")
-    return tenants
+from support.logs import CAUSE_OF_TENANT, planted_logs
 
 
 def _global_L(con) -> dict[int, int]:

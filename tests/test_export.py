@@ -18,7 +18,7 @@ from replay.core.grid import Grid
 from replay.store import db
 
 from support.gen import US, random_requests
-from test_end_to_end import _write_tokens_log
+from support.logs import write_tokens_log as _write_tokens_log
 from support.paths import FIXTURES, ROOT
 
 SAMPLE = ROOT / "data" / "sample"

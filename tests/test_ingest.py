@@ -17,12 +17,11 @@ from replay.store import db
 from replay.readers.formats import BASH_TOOL, Reject, parse_ts
 from replay.readers.ingest import IngestSummary, expand_paths, ingest, summary_text
 
+from support.logs import SECRET, anthropic_wrapped, write_jsonl
 from support.paths import SHARED as DATA  # noqa: E402
 
 MOONCAKE = DATA / "mooncake" / "conversation_trace.jsonl"
 TRAJ_DIR = DATA / "mini-swe-agent-deepseek" / "deepseek_chat_dev"
-
-SECRET = "SECRET-PROMPT-TEXT"  # planted in every prompt: must never reach rejects.detail
 
 
 @pytest.fixture
@@ -30,38 +29,6 @@ def con():
     c = db.connect(None)
     yield c
     c.close()
-
-
-def write_jsonl(path: Path, records: list, opener=open) -> Path:
-    with opener(path, "wt") as fh:
-        for r in records:
-            fh.write(r if isinstance(r, str) else json.dumps(r))
-            fh.write("\n")
-    return path
-
-
-def anthropic_wrapped(ts=1700000000, **over):
-    rec = {
-        "timestamp": ts,
-        "tenant": "acme",
-        "session": "s1",
-        "request": {
-            "model": "claude-sonnet-4",
-            "max_tokens": 1024,
-            "system": [{"type": "text", "text": f"You are helpful {SECRET}", "cache_control": {"type": "ephemeral"}}],
-            "tools": [{"name": "get_weather", "description": "w", "input_schema": {"type": "object"}}],
-            "messages": [{"role": "user", "content": [{"type": "text", "text": f"hi {SECRET}"}]}],
-            "metadata": {"user_id": "u-42"},
-        },
-        "response": {
-            "type": "message",
-            "content": [{"type": "text", "text": "hello"}],
-            "usage": {"input_tokens": 10, "cache_read_input_tokens": 100,
-                      "cache_creation_input_tokens": 20, "output_tokens": 5},
-        },
-    }
-    rec.update(over)
-    return rec
 
 
 def openai_wrapped(ts="2025-01-01T00:00:00Z", **over):

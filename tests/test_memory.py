@@ -11,7 +11,7 @@ from replay import api
 from replay.analysis import memory
 from replay.cli.main import main
 
-from test_cli import SAMPLE
+from support.paths import SAMPLE
 
 
 def _db(tmp_path):

@@ -11,51 +11,10 @@ import numpy as np
 import pytest
 
 from replay.providers.mlx_cache import ideal_lcp, simulate_mlx
+from support.kernels import mlx_cache_hits as oracle
 
 
-# ----------------------------------------------------------------- brute-force oracle
-
-def oracle(prompts, outputs, cache_size, cache_bytes=None, bpt=0):
-    """Entries as a list of (key tuple, nbytes), oldest inserted first."""
-    store: list[tuple[tuple, int]] = []
-    hits = []
-    for i, p in enumerate(prompts):
-        p = tuple(int(x) for x in p)
-        out = tuple(int(x) for x in outputs[i]) if outputs is not None and outputs[i] is not None else ()
-        # lookup
-        hit, src = 0, None
-        exact = [e for e in store if e[0] == p]
-        if exact:
-            hit, src = len(p), exact[0]
-        else:
-            def common(a, b):
-                k = 0
-                while k < len(a) and k < len(b) and a[k] == b[k]:
-                    k += 1
-                return k
-            best = max((common(e[0], p) for e in store), default=0)
-            if best > 0:
-                prefix_entries = [e for e in store if len(e[0]) == best and p[:best] == e[0]]
-                if prefix_entries:
-                    hit, src = best, prefix_entries[0]
-                else:
-                    ext = [e for e in store if common(e[0], p) == best]
-                    src = sorted(ext, key=lambda e: len(e[0]))[0]
-                    hit = min(len(p) - 1, best)
-        hits.append(hit)
-        if cache_bytes is not None:
-            active = src[1] if src is not None else 0
-            while store and sum(e[1] for e in store) > max(0, cache_bytes - active):
-                store.pop(0)
-        # insert
-        key = p + out
-        nbytes = bpt * len(key)
-        store = [e for e in store if not (len(e[0]) <= len(key) and key[:len(e[0])] == e[0])]
-        store.append((key, nbytes))
-        if cache_size is not None and len(store) > cache_size:
-            store.pop(0)
-    return hits
-
+# ----------------------------------------------------------------- workloads
 
 def random_workload(rng: random.Random, n: int, vocab: int = 6):
     """Conversations that grow, shared system prefixes, exact repeats, tiny

@@ -25,8 +25,8 @@ from replay.store import db, schema, walksets
 
 from support.gen import US, random_requests
 from support import kernels
-from test_sweep import _store
-from test_trie import _prompts
+from support.walks import prompts as _prompts
+from support.walks import store as _store
 
 R = oracle.OracleRequest
 GRID = Grid(ttls=(0, 1, 2, 5, 10, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4, 16), streams=MODES)

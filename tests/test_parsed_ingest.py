@@ -5,21 +5,14 @@ file's parse in this process (Ray's is checked in ``test_ray.py``)."""
 
 from __future__ import annotations
 
-import gzip
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from replay import api
 from replay.readers.parsed import parse_file
-from test_chat_template import conversations_log
-from test_ingest import anthropic_wrapped, write_jsonl
-from support.paths import ROOT
-
-TABLES = {"requests": "*", "rejects": "*", "blobs": "*",
-          "sources": "source_id, path, sha256, format, lines, loaded, rejected, time_unit"}
+from support.conversations import conversations_log
+from support.logs import anthropic_wrapped, dump, mixed_logs, write_jsonl
 
 
 class InProcess:
@@ -35,32 +28,6 @@ class InProcess:
         for item in items:
             self.calls += 1
             yield item, fn(item, *args)
-
-
-def mixed_logs(d: Path) -> Path:
-    """Files of every kind ingest meets: growing conversations sharing messages
-    across files, rejects of many reasons, a truncated .gz, the same content
-    compressed twice, the shipped sample, a JSON array."""
-    d.mkdir(parents=True, exist_ok=True)
-    for k, seeds in enumerate([(1, 2), (2, 3), (4,)]):  # (seed 2 in two files: shared blobs across files)
-        conversations_log(seeds, "anthropic" if k != 1 else "openai", d / f"conv{k}.jsonl", n_conv=3, turns=4)
-    good = anthropic_wrapped()
-    (d / "mixed.jsonl").write_text("\n".join([json.dumps(good), "", '{"timestamp": 1, "req', json.dumps(
-        {**good, "timestamp": "next tuesday"}), json.dumps([1]), json.dumps(anthropic_wrapped(ts=5))]) + "\n")
-    data = gzip.compress(("\n".join(json.dumps(anthropic_wrapped(ts=i)) for i in range(50))).encode())
-    (d / "broken.jsonl.gz").write_bytes(data[: len(data) // 2])
-    rows = [anthropic_wrapped(ts=100 + i) for i in range(7)]
-    write_jsonl(d / "twice.jsonl.gz", rows, opener=gzip.open)
-    write_jsonl(d / "twice_copy.jsonl", rows)
-    (d / "array.json").write_text(json.dumps([anthropic_wrapped(ts=200 + i) for i in range(3)]))
-    for f in sorted((ROOT / "data").rglob("*")):
-        if f.is_file() and not f.name.startswith("."):
-            shutil.copy(f, d / f"sample_{f.name}")
-    return d
-
-
-def dump(con) -> dict:
-    return {t: con.execute(f"SELECT {cols} FROM {t} ORDER BY ALL").fetchall() for t, cols in TABLES.items()}
 
 
 def ingest_both(tmp_path: Path, runs: list[list[str]]):

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from replay import api
-from replay.core import partition, streamed
+from replay.core import partition
 from replay.core.grid import Grid
 from replay.core.prompts import Prompt, SegmentStore, iter_prompts
 from replay.core.replay import replay_prompts, store_walks
@@ -24,60 +24,7 @@ from replay.core.sweep import sweep
 from replay.times import INF_US
 
 from support.gen import US, random_requests
-
-VARIANTS = ("prompt", "prompt+output")
-
-
-def prompts_of(reqs, ms: bool = False):
-    """The requests as ``iter_prompts`` yields them: processing order, and each
-    text prompt's ``shared`` count with its conversation's previous prompt (the
-    ``_known`` shortcut). ``ms``: times on a millisecond grid."""
-    from replay.core import oracle
-
-    out, last = [], {}
-    for i in oracle.time_order(reqs):
-        r = reqs[i]
-        toks = np.array(r.tokens, dtype=np.int32)
-        conv = (r.tenant, r.session or r.key)
-        shared, previous = 0, None
-        if conv in last:
-            ptoks, prev = last[conv]
-            n = min(len(ptoks), len(toks))
-            diff = np.flatnonzero(ptoks[:n] != toks[:n])
-            shared = int(diff[0]) if len(diff) else n
-            previous = prev if shared else None
-        last[conv] = (toks, (r.ts, r.key, r.session, r.model))
-        ts = r.ts * 1000 if ms else r.ts
-        out.append(Prompt(i, ts, r.tenant, r.key, r.session, toks, None,
-                          np.array(r.output, dtype=np.int32), len(toks), r.model, shared,
-                          None if previous is None else ((previous[0] * 1000 if ms else previous[0]),
-                                                         *previous[1:])))
-    return out
-
-
-def partitioned(prompts, modes, variants, horizon, parts, depth, segments=None, size=2, batch=64):
-    """The streamed replay's rows, by walkers in this process (sorted into
-    processing order), and its pool."""
-    rows: dict = {key: [] for key in itertools.product(variants, modes)}
-
-    def sink(part):
-        for key, rs in part.items():
-            rows[key].extend(rs)
-
-    pool = streamed.LocalPool(size, variants, horizon)
-    streamed.replay_streamed(prompts, pool, sink, modes, variants, parts, depth, segments, batch=batch)
-    order = {p.request_id: i for i, p in enumerate(prompts)}
-    return {key: sorted(rs, key=lambda r: order[r[0]]) for key, rs in rows.items()}, pool
-
-
-def same(prompts, modes, variants, horizon, parts, depth, segments=None, size=2, batch=64):
-    want = replay_prompts(prompts, modes, variants, horizon)
-    got, pool = partitioned(prompts, modes, variants, horizon, parts, depth, segments, size, batch)
-    for key in want:
-        if key != "_nodes":
-            assert got[key] == want[key], (key, parts, depth, horizon, size, batch)
-    assert pool.most_busy <= streamed.CALLS_PER_WALKER
-    return got
+from support.walks import VARIANTS, partitioned, prompts_of, same
 
 
 @pytest.mark.parametrize("seed", range(40))

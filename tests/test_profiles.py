@@ -7,7 +7,6 @@ import random
 from dataclasses import replace
 
 import numpy as np
-import pyarrow as pa
 import pytest
 
 from replay.core import oracle
@@ -19,42 +18,17 @@ from replay.providers.catalog import get_profile, list_profiles, profile_for_mod
 from replay.providers.profiles import profile_sweep
 from replay.providers.request_hits import request_hits
 from replay.providers.simulators import AnthropicRequest, anthropic_layout, openai_round, simulate_anthropic
-from replay.store import db
 from replay.text.render import render_request
 
 from support.gen import US, random_requests
-from test_mlx_profile import oracle as mlx_oracle
+from support.logs import make_db
+from support.kernels import mlx_cache_hits as mlx_oracle
 
 MODES4 = ("tenant", "key", "session", "global")
 TTLS = (0, 2, 5, 30, math.inf)
 
 
 # ----------------------------------------------------------------------------- a DB holding generated logs
-
-def make_db(reqs, usage=None, bodies=None):
-    """requests/prompts/segments for ``reqs`` (``tokens`` format, one segment each)."""
-    con = db.connect(None)
-    seg_ids, seg_tok = [], []
-    rows = []
-    for i, r in enumerate(reqs):
-        sid, oid = 2 * i + 1, 2 * i + 2
-        seg_ids += [sid, oid]
-        seg_tok += [list(r.tokens), list(r.output)]
-        u = (usage or {}).get(i, (None, None, None))
-        rows.append((i, r.ts, r.tenant, r.key, r.session, r.model, sid, oid, len(r.tokens), len(r.output), *u))
-    con.register("_s", pa.table({"seg_id": pa.array(seg_ids, pa.uint64()),
-                                 "n_tokens": pa.array([len(t) for t in seg_tok], pa.int32()),
-                                 "tokens": pa.array(seg_tok, pa.list_(pa.int32()))}))
-    con.execute("INSERT INTO segments SELECT * FROM _s")
-    for (i, ts, ten, key, ses, model, sid, oid, nt, no, up, uc, uw) in rows:
-        fmt, body = ("tokens", None) if not bodies or i not in bodies else bodies[i]
-        con.execute("INSERT INTO requests (request_id, source_id, line_no, format, ts_us, tenant, prompt_cache_key, "
-                    "session, model, body, usage_prompt_tokens, usage_cached_tokens, usage_cache_write_tokens) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    [i, 0, i + 1, fmt, ts, ten, key, ses, model, body, up, uc, uw])
-        con.execute("INSERT INTO prompts VALUES (?, ?, ?, ?, ?, ?)", [i, nt, [sid], [1], [oid], no])
-    return con
-
 
 def brute_walk_hit(reqs, mode, ttl, with_output, block, min_prefix, cap_last):
     L = oracle.ceiling(reqs, mode, ttl_us(ttl), with_output=with_output)

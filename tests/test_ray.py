@@ -194,7 +194,7 @@ def test_ctrl_c_during_the_replay_stops_the_cluster_and_records_nothing(tmp_path
 def test_files_parsed_on_ray_are_written_as_here(tmp_path):
     """Each file parsed by a task (``replay.readers.parsed``): the same rows, ids,
     blobs, rejects, sources and counts as the single process, and re-runs add nothing."""
-    from test_parsed_ingest import dump, mixed_logs
+    from support.logs import dump, mixed_logs
 
     d = mixed_logs(tmp_path / "logs")
     got = {}
@@ -234,7 +234,7 @@ def test_parts_prepared_on_ray_tokenize_as_here(tmp_path):
     """Each task also renders and encodes its file's new body parts (the
     reference tokenizer; asked for here: by default only on a cluster larger
     than this machine): the tokenize stage takes them, with the same rows."""
-    from test_parsed_ingest import mixed_logs
+    from support.logs import mixed_logs
 
     d = mixed_logs(tmp_path / "logs")
     rows = {}

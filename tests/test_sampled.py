@@ -16,9 +16,9 @@ from replay.core.prompts import iter_prompts
 from replay.times import INF_US
 
 from support.gen import US, random_requests, use_engine
-from test_cli import SAMPLE
-from test_end_to_end import _write_tokens_log
-from test_simulate import _prompts
+from support.paths import SAMPLE
+from support.logs import write_tokens_log as _write_tokens_log
+from support.walks import prompts
 
 
 @pytest.fixture(params=["compiled", "python"])
@@ -105,7 +105,7 @@ def test_a_tenth_of_the_blocks_is_unbiased_over_samples():
     within four standard errors; one sample of a small log whose prefixes are
     few and heavily shared can be far off (its spread is measured, not bounded)."""
     reqs = random_requests(5, n=300, alphabet=50, max_len=400, gaps=(0, 1, 5, 20, 60))
-    ps = _prompts(reqs)
+    ps = prompts(reqs, output=False)
     caps, ttls = [20, 80, 300, 10**9], [INF_US, 30 * US]
     exact = _estimate(ps, 1.0, 0, caps, ttls)
     runs = np.array([_estimate(ps, 0.1, s, caps, ttls) for s in range(100)])

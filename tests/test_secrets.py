@@ -55,9 +55,8 @@ from click.testing import CliRunner
 
 from replay.cli.main import main
 from replay.store import db
-from support.paths import ROOT
+from support.paths import SAMPLE
 
-SAMPLE = ROOT / "data" / "sample"
 CANARY = "CANARY-" + secrets.token_hex(8)
 
 # Keys whose values are structure or identifiers, not prompt text: left as they are.

@@ -19,7 +19,7 @@ from replay.core.streams import MODES
 from replay.times import INF_US
 
 from support.gen import random_requests
-from test_partition import VARIANTS, partitioned, prompts_of, same
+from support.walks import VARIANTS, partitioned, prompts_of, same
 
 
 def test_the_driver_holds_a_window_of_the_log_not_the_log(monkeypatch):

@@ -9,8 +9,7 @@ import pytest
 from replay.core import hits as hits_module
 from replay.core import oracle
 from replay.core.grid import Grid
-from replay.core.replay import replay_prompts, store_walks
-from replay.core.streams import MODES, stream_key
+from replay.core.streams import stream_key
 from replay.core.sweep import sweep
 from replay.times import INF_US, format_ttl, parse_ttl, ttl_us
 from replay.store import db
@@ -18,15 +17,11 @@ from replay.store.walksets import StaleWalks
 
 from support.gen import random_requests
 from support import kernels
-from test_trie import _prompts
+from support.walks import rounded as _rounded
+from support.walks import store as _store
 
 GRID = Grid(ttls=(0, 2, 5, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4),
             streams=("tenant", "key", "session", "global"))
-
-
-def _store(con, reqs, modes=MODES, horizon_us=INF_US):
-    res = replay_prompts(_prompts(reqs), modes, horizon_us=horizon_us)
-    store_walks(con, {k: v for k, v in res.items() if k != "_nodes"}, horizon_us)
 
 
 def _random_walks(rng, n):
@@ -89,10 +84,6 @@ def test_hit_counts_refuse_a_group_out_of_range():
     with pytest.raises(ValueError, match="group"):
         hits_module.hit_counts(w.offsets, w.gaps, w.depths, np.array([0, 1, 2]), 2, np.array([1]), np.array([1]),
                                np.array([0]))
-
-
-def _rounded(rows):
-    return [{**r, "hit_ratio": round(r["hit_ratio"], 12)} for r in rows]
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -16,55 +16,13 @@ import pytest
 
 import replay.api as rp
 from replay.text import render_template
-from replay.text.template_ahead import RequestsAhead
 from replay.text.tok import load_tokenizer
 from replay.text.tokenize import tokenize_stage
 
-from test_chat_template import DATED, STRIPS, conversations_log
-
-CHUNK = 10  # requests per chunk of the stage: several chunks, each with its first row rendered here
-
-
-class InProcess:
-    """Stands in for the encoder process: what ingest hands over is kept, rendered
-    ahead when the test says so, and taken as the stage asks."""
-
-    def __init__(self, tok):
-        tpl = tok.template
-        self.ahead = RequestsAhead(tok._inline_engine(), (tpl.source, tpl.origin, tpl.specials), str(tok.path))
-        self.handed: list = []
-        tok.warm_requests = lambda blobs, requests: self.handed.append((list(blobs), list(requests)))
-        tok.take_requests = self.ahead.take
-
-    def render(self, keep=lambda rid: True) -> None:
-        for blobs, requests in self.handed:
-            self.ahead.add(blobs, [r for r in requests if keep(r[0])])
-
-
-@pytest.fixture
-def inline(monkeypatch):
-    monkeypatch.setenv("REPLAY_ENCODER", "inline")
-    yield
-    render_template.freeze_inputs(False)
-
-
-def _rows(con):
-    prompts = con.execute("SELECT request_id, n_tokens, seg_ids, seg_parts, output_seg_ids FROM prompts "
-                          "ORDER BY request_id").fetchall()
-    segments = con.execute("SELECT seg_id, tokens FROM segments ORDER BY seg_id").fetchall()
-    aside = con.execute("SELECT request_id, reason FROM set_aside ORDER BY 1").fetchall()
-    return prompts, segments, aside
-
-
-def _baseline(tmp_path, log, template):
-    tok = load_tokenizer(template=template)
-    con = rp.open_db(tmp_path / "here.duckdb")
-    rp.ingest(con, [str(log)])
-    tokenize_stage(con, tok, chunk_requests=CHUNK)
-    got = _rows(con)
-    con.close()
-    tok.close()
-    return got
+from support.conversations import DATED, STRIPS, conversations_log
+from support.text import CHUNK, InProcess
+from support.text import baseline as _baseline
+from support.text import rows as _rows
 
 
 @pytest.mark.parametrize("template, fmt", [(DATED, "anthropic"), (STRIPS, "openai")])

@@ -11,20 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from replay.text import render_template, template_env
+from replay.text import render_template
 from replay.text.template_concat import concat_end, concat_start, concat_step
-
-
-def _both(source: str, **variables):
-    """(fast environment's result, transformers' environment's result); each an
-    output or ``("raised", exception type name)``."""
-    out = []
-    for template in (render_template._fast_compiled(source), template_env.environment().from_string(source)):
-        try:
-            out.append(template.render(**variables))
-        except Exception as exc:  # noqa: BLE001 - compared by type
-            out.append(("raised", type(exc).__name__))
-    return out
+from support.text import both as _both
 
 
 CASES = [

@@ -146,7 +146,7 @@ def test_rendering_does_not_import_transformers(tmp_path):
     (a package of that name that raises, beside a copy of the real
     chat_template_utils.py for the fingerprint): the run still renders, in
     both processes, the rows transformers' own environment gives."""
-    from test_template_ahead import STRIPS, conversations_log
+    from support.conversations import STRIPS, conversations_log
 
     fake = tmp_path / "fake" / "transformers"
     (fake / "utils").mkdir(parents=True)
@@ -157,7 +157,7 @@ def test_rendering_does_not_import_transformers(tmp_path):
     script = f"""
 import re, sys, time
 import replay.api as rp
-from test_template_ahead import _rows
+from support.text import rows as _rows
 tok = rp.load_tokenizer(rp.tokenizer_spec(None, None, {str(STRIPS)!r}))
 con = rp.open_db(sys.argv[1])
 rp.ingest(con, [{str(log)!r}], tokenizer=tok)

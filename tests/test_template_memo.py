@@ -12,7 +12,7 @@ import pytest
 from replay.text import render_template
 from replay.text.render_template import ChatTemplate, render_chunks
 from replay.text.template_messages import template_messages
-from tests.test_chat_template import MIDNIGHT_US, TEMPLATES, Conversation
+from support.conversations import MIDNIGHT_US, TEMPLATES, Conversation
 
 
 def _shared_bodies(fmt: str, seed: int, turns: int = 8) -> list[dict]:

@@ -171,7 +171,7 @@ SUBSCRIPTS = [
 
 @pytest.mark.parametrize("source,variables", SUBSCRIPTS)
 def test_subscripts_render_as_in_transformers_environment(source, variables):
-    from test_template_concat import _both
+    from support.text import both as _both
 
     fast, transformers = _both(source, **variables)
     assert fast == transformers

@@ -24,7 +24,7 @@ from replay.providers.model_savings import model_savings, savings_section
 from replay.store import db
 
 from support.gen import US, random_requests
-from test_sweep import _store
+from support.walks import store as _store
 
 UTC = dt.timezone.utc
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=UTC)

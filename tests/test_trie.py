@@ -6,7 +6,6 @@ import pytest
 
 from replay.core import oracle
 from replay.core import prompts as prompts_module
-from replay.core import replay as replay_module
 from replay.core.prompts import Prompt, mooncake_symbols
 from replay.core.replay import replay_prompts
 from replay.core.streams import MODES
@@ -14,8 +13,10 @@ from replay.times import INF_US
 from replay.core.trie import Trie
 
 from support.gen import TTLS_US, US, random_requests
+from support.walks import prompts as _prompts
 from support import kernels
 from support.kernels import depth_under
+
 
 @pytest.mark.parametrize("seed", range(40))
 def test_the_trie_walks_as_the_brute_force_definition(seed):
@@ -49,13 +50,6 @@ def test_the_trie_walks_as_the_brute_force_definition(seed):
             a.prune(t)
             b.prune(t)
             assert a.nodes == kernels.count_nodes(a)
-
-
-def _prompts(reqs):
-    return [Prompt(i, reqs[i].ts, reqs[i].tenant, reqs[i].key, reqs[i].session,
-                   np.array(reqs[i].tokens, dtype=np.int32), None,
-                   np.array(reqs[i].output, dtype=np.int32), len(reqs[i].tokens), reqs[i].model)
-            for i in oracle.time_order(reqs)]
 
 
 def _L(steps, ttl):

@@ -22,10 +22,9 @@ pytest.importorskip("mlx_lm")
 from replay.store import db  # noqa: E402
 from replay.validate import check as V  # noqa: E402
 from replay.validate.mlx_model import build_random_model, raw_messages  # noqa: E402
-from support.paths import SAMPLE
+from support.paths import SAMPLE  # noqa: E402
 
 pytestmark = pytest.mark.mlx
-SAMPLE = SAMPLE
 
 VOCAB = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi "
          "omicron pi rho sigma tau upsilon phi chi psi omega").split()
@@ -170,7 +169,6 @@ def test_a_byte_budget_is_predicted_exactly_on_the_shipped_sample(model_dir, ser
     """mlx-lm's --prompt-cache-bytes (the budget holds ~2,900 tokens of this
     model's KV, so it evicts): every request's cached tokens as predicted."""
     from replay import api
-    from test_cli import SAMPLE
 
     con = db.connect(None)
     api.ingest(con, [str(SAMPLE)])
@@ -275,7 +273,7 @@ def test_the_server_does_not_outlive_a_validate_command_killed_or_interrupted(tm
     import time
     import uuid
 
-    from procs import assert_no_leftovers, start, tagged
+    from support.procs import assert_no_leftovers, start, tagged
 
     tag = uuid.uuid4().hex
     p = start(["validate", SAMPLE, "--db", tmp_path / "v.duckdb", "--model", model_dir, "--sample", "30"], tag)

@@ -23,8 +23,9 @@ from replay.core.warmup import measured_mask, parse_warmup, warmup_count
 from replay.store import db
 
 from support.gen import US, random_requests, use_engine
-from test_end_to_end import _write_tokens_log
-from test_sweep import _rounded, _store
+from support.logs import write_tokens_log as _write_tokens_log
+from support.walks import rounded as _rounded
+from support.walks import store as _store
 
 GRID_ARGS = dict(ttls=(0, 2, 5, 30, math.inf), blocks=(1, 2, 3, 16), min_prefixes=(0, 4),
                  streams=("tenant", "key", "session", "global"))

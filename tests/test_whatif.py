@@ -12,7 +12,7 @@ from replay import api as pipeline
 from replay.core.sweep import Grid
 from replay.analysis.whatif import FIXES, normalize_body, normalized_copy, whatif
 
-from test_diagnose import planted_logs
+from support.logs import planted_logs
 
 
 def test_strip_rotating_header():
