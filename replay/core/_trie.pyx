@@ -56,6 +56,15 @@ cdef const char* _data(object arr) except NULL:
 
 
 cdef int64_t _EMPTY_SYMBOL = 0
+
+
+cdef void* _resized(void* p, size_t nbytes) except NULL:
+    """``p`` reallocated to ``nbytes`` (MemoryError where it cannot be: ``p`` is
+    then left as it was, still the caller's to free)."""
+    cdef void* q = realloc(p, nbytes)
+    if q == NULL:
+        raise MemoryError()
+    return q
 cdef int64_t INF_US = 9223372036854775807  # replay.times.INF_US
 
 
@@ -171,19 +180,11 @@ cdef class Trie:
 
     cdef int _reserve(self, Py_ssize_t n) except -1:
         cdef Py_ssize_t cap
-        cdef Py_ssize_t* s
-        cdef Py_ssize_t* e
         if n <= self._cap:
             return 0
         cap = max(n, 2 * self._cap, 16)
-        s = <Py_ssize_t*> realloc(self._starts, cap * sizeof(Py_ssize_t))
-        if s == NULL:
-            raise MemoryError()
-        self._starts = s
-        e = <Py_ssize_t*> realloc(self._ends, cap * sizeof(Py_ssize_t))
-        if e == NULL:
-            raise MemoryError()
-        self._ends = e
+        self._starts = <Py_ssize_t*> _resized(self._starts, cap * sizeof(Py_ssize_t))
+        self._ends = <Py_ssize_t*> _resized(self._ends, cap * sizeof(Py_ssize_t))
         self._cap = cap
         return 0
 
@@ -443,19 +444,12 @@ cdef class Writers:
         """The number of the pair (tenant, session) (``session`` may be None)."""
         cdef PyObject* found = PyDict_GetItem(self._codes, (tenant, session))
         cdef Py_ssize_t cap
-        cdef int64_t* a
         if found != NULL:
             return <object> found
         if self._n == self._cap:
             cap = max(16, 2 * self._cap)
-            a = <int64_t*> realloc(self._tenant_of, cap * sizeof(int64_t))
-            if a == NULL:
-                raise MemoryError()
-            self._tenant_of = a
-            a = <int64_t*> realloc(self._session_of, cap * sizeof(int64_t))
-            if a == NULL:
-                raise MemoryError()
-            self._session_of = a
+            self._tenant_of = <int64_t*> _resized(self._tenant_of, cap * sizeof(int64_t))
+            self._session_of = <int64_t*> _resized(self._session_of, cap * sizeof(int64_t))
             self._cap = cap
         self._tenant_of[self._n] = self._tenants.setdefault(tenant, len(self._tenants))
         self._session_of[self._n] = -1 if session is None else self._sessions.setdefault(session, len(self._sessions))
