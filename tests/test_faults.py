@@ -94,15 +94,33 @@ def test_ctrl_c_leaves_the_database_consistent_and_no_helper_behind(tmp_path, re
     assert (out, state(db)) == reference
 
 
+def _interrupted_at(db: Path, tag: str, delay: float, sig: int) -> tuple[subprocess.Popen, str]:
+    """A sweep into a new ``db`` sent ``sig`` ``delay`` seconds after its start;
+    where it ended first (a machine running at another pace), again from a new
+    database with half the delay. The process the signal interrupted, and its stderr."""
+    while True:
+        p = start(SWEEP + ["--db", db], tag)
+        time.sleep(delay)  # (the random time is the point: there is no condition to wait for)
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=600)
+        if p.returncode != 0:
+            return p, err
+        assert delay > 0.01, "the command always ended before the signal"
+        delay /= 2
+        for f in (db, db.with_name(db.name + ".wal")):
+            f.unlink(missing_ok=True)
+
+
 def test_kills_at_random_times_then_rerun_equal_an_uninterrupted_run(tmp_path, reference):
     rng = random.Random(25)
     for i in range(3):
         db = tmp_path / f"r{i}.duckdb"
         tag = uuid.uuid4().hex
-        p = start(SWEEP + ["--db", db], tag)
-        time.sleep(rng.uniform(0.2, 2.0))
-        p.send_signal(signal.SIGKILL if i % 2 == 0 else signal.SIGINT)
-        p.communicate(timeout=600)
+        sig = signal.SIGKILL if i % 2 == 0 else signal.SIGINT
+        p, err = _interrupted_at(db, tag, rng.uniform(0.2, 2.0), sig)
+        # the signal stopped it: killed, or Ctrl-C's exit (1; the signal itself before the
+        # interpreter has its handler)
+        assert p.returncode in ((-signal.SIGKILL,) if sig == signal.SIGKILL else (1, -signal.SIGINT)), err
         assert_no_leftovers(tag)
         code, out, err, _ = replay(SWEEP + ["--db", db])
         assert code == 0, err
@@ -234,21 +252,19 @@ def state_of_any(db: Path) -> list:
 
 def test_fresh_refuses_to_delete_a_database_in_use_and_removes_its_log(tmp_path):
     db = tmp_path / "held.duckdb"
-    ready = tmp_path / "ready"
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, pathlib, time; c = duckdb.connect({str(db)!r}); "
-                               f"c.execute('CREATE TABLE t (x INT)'); pathlib.Path({str(ready)!r}).touch(); "
-                               "time.sleep(60)"])
+    # the holder says "held" once its connection holds the file's lock, and keeps
+    # it until its input closes (however long this test takes)
+    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(db)!r}); "
+                               "c.execute('CREATE TABLE t (x INT)'); print('held', flush=True); sys.stdin.read()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        for _ in range(400):
-            if ready.exists():
-                break
-            time.sleep(0.05)
+        assert holder.stdout.readline() == "held\n"
         code, _, err, _ = replay(["run", SAMPLE, "--db", db, "--fresh", "--out", tmp_path / "rep"])
         assert code == 1 and "in use by another process" in err and "Traceback" not in err, err
         assert db.exists()
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()
     (tmp_path / "held.duckdb.wal").write_bytes(b"stale log of a killed run")
     code, _, err, _ = replay(["run", SAMPLE, "--db", db, "--fresh", "--out", tmp_path / "rep"])
     assert code == 0, err
@@ -289,6 +305,7 @@ def test_ctrl_c_from_outside_while_the_encoder_works(tmp_path, reference):
     assert p.poll() is None, "the command ended before its helper was seen"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and "Aborted" in err, (p.returncode, err)  # Ctrl-C stopped it
     assert "Traceback" not in err, err
     assert_no_leftovers(tag)
     code, out, err, _ = replay(SWEEP + ["--db", db])

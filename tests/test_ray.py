@@ -169,14 +169,14 @@ def test_ctrl_c_during_the_replay_stops_the_cluster_and_records_nothing(tmp_path
     before = _raylets()
     db = tmp_path / "x.duckdb"
     err = open(tmp_path / "err", "w+")
+    sleeping = tmp_path / "sleeping"  # created by the shallow partition's actor as it starts to sleep
     proc = subprocess.Popen([*_CLI, "--db", str(db)], stdout=subprocess.DEVNULL, stderr=err,
-                            env={**os.environ, "RAY_ADDRESS": "", FAULT_ENV: "sleep:global/shallow:120"})
+                            env={**os.environ, "RAY_ADDRESS": "", FAULT_ENV: f"sleep:global/shallow:120:{sleeping}"})
     try:
         deadline = time.time() + 120
-        while "Started a local Ray instance" not in (tmp_path / "err").read_text():
+        while not sleeping.exists():  # (until the tasks are running: the shallow one sleeps)
             assert proc.poll() is None and time.time() < deadline, (tmp_path / "err").read_text()[-2000:]
             time.sleep(0.25)
-        time.sleep(3)  # (the tasks are running: the shallow one sleeps)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) != 0
     finally:
