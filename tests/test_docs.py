@@ -1,5 +1,6 @@
 """The repository stands alone: every link of README.md and docs/ resolves to a
-file inside it, and every path of the package they (and the build files) name exists."""
+file inside it, and every path of the package, its tests and benchmarks they (and
+the build files) name exists."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from support.paths import ROOT
 
 PAGES = [ROOT / "README.md", ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-PACKAGE_PATH = re.compile(r"\breplay/[\w/]+\.(?:py|pyx|toml)\b")
+PACKAGE_PATH = re.compile(r"\b(?:replay|tests|bench)/[\w/]+\.(?:py|pyx|toml)\b")
 
 
 def test_every_link_resolves_inside_the_repository():
@@ -23,7 +24,7 @@ def test_every_link_resolves_inside_the_repository():
     assert not bad, bad
 
 
-def test_every_package_path_named_exists():
+def test_every_path_named_exists():
     named = {(f.name, p) for f in [*PAGES, ROOT / "pyproject.toml", ROOT / "setup.py"]
              for p in PACKAGE_PATH.findall(f.read_text())}
     assert len(named) > 10

@@ -4,7 +4,7 @@ The prompts (as ``iter_prompts`` yields them, in processing order) are routed
 to partitions (:class:`Router`) each of which is replayed on its own with the
 ordinary machinery (``replay.core.replay.Replayer``, one trie per cache), and
 the partitions' rows are merged (:func:`merged_row`) into exactly the rows the
-single-process replay writes (the oracle: ``tests/test_partition.py``). Pure
+single-process replay writes (the oracle: ``tests/core/test_partition.py``). Pure
 Python + numpy; ``replay.core.streamed`` feeds the partitions to walkers, in
 this process or as Ray actors (``replay.distributed``).
 

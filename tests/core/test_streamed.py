@@ -1,8 +1,8 @@
 """The streamed replay's bookkeeping (replay.core.streamed), with walkers in
 this process (``LocalPool``: each call walked when its result is asked for,
 oldest first). That its rows are the single pass's is tested with the
-partition argument (tests/test_partition.py); the Ray actors run the same
-walkers (tests/test_ray.py).
+partition argument (tests/core/test_partition.py); the Ray actors run the same
+walkers (tests/distributed/test_ray.py).
 """
 
 import itertools

@@ -1,7 +1,7 @@
 """The Ray engine's own decisions, without Ray (a stand-in ``ray`` module):
 joining a cluster that cannot be joined, and when file tasks prepare parts.
 (The replay's bookkeeping is tested with walkers in this process:
-``tests/test_streamed.py``.)"""
+``tests/core/test_streamed.py``.)"""
 
 import os
 import sys

@@ -11,7 +11,7 @@ known (intact lines, BOM, CRLF: loaded; truncated, invalid UTF-8, trailing
 garbage, not an object, blank: rejected for that reason) as expected, a second
 ingest adding nothing, and the sweep running on what loaded.
 
-Slow mode: ``REPLAY_FUZZ_LINES=100000 pytest tests/test_fuzz.py``.
+Slow mode: ``REPLAY_FUZZ_LINES=100000 pytest tests/readers/test_fuzz.py``.
 """
 
 from __future__ import annotations
