@@ -148,23 +148,13 @@ def test_a_tokenizer_directory_without_a_tokenizer_is_a_usage_error(tmp_path, co
 
 
 def test_a_database_held_by_another_process_is_a_clear_error(tmp_path):
-    import subprocess
-    import sys
+    from support.procs import database_held
 
     db = tmp_path / "held.duckdb"
-    # the holder says "held" once its connection holds the file's lock, and keeps
-    # it until its input closes (however long this test takes)
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(db)!r}); "
-                               "print('held', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with database_held(db):
         res = CliRunner().invoke(main, ["sweep", str(SAMPLE), "--db", str(db)])
         assert res.exit_code == 1, res.output
         assert "in use by another process" in res.output and isinstance(res.exception, SystemExit)
-    finally:
-        holder.kill()
-        holder.communicate()
 
 
 # Every command on a database, the notebook and batch flow: a fresh or an

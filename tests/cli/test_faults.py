@@ -23,7 +23,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from support.procs import assert_no_leftovers, replay, start, tagged
+from support.procs import assert_no_leftovers, database_held, replay, start, tagged
 from support.paths import ROOT
 
 SAMPLE = ROOT / "data" / "sample"
@@ -252,19 +252,10 @@ def state_of_any(db: Path) -> list:
 
 def test_fresh_refuses_to_delete_a_database_in_use_and_removes_its_log(tmp_path):
     db = tmp_path / "held.duckdb"
-    # the holder says "held" once its connection holds the file's lock, and keeps
-    # it until its input closes (however long this test takes)
-    holder = subprocess.Popen([sys.executable, "-c", f"import duckdb, sys; c = duckdb.connect({str(db)!r}); "
-                               "c.execute('CREATE TABLE t (x INT)'); print('held', flush=True); sys.stdin.read()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
+    with database_held(db, "CREATE TABLE t (x INT)"):
         code, _, err, _ = replay(["run", SAMPLE, "--db", db, "--fresh", "--out", tmp_path / "rep"])
         assert code == 1 and "in use by another process" in err and "Traceback" not in err, err
         assert db.exists()
-    finally:
-        holder.kill()
-        holder.communicate()
     (tmp_path / "held.duckdb.wal").write_bytes(b"stale log of a killed run")
     code, _, err, _ = replay(["run", SAMPLE, "--db", db, "--fresh", "--out", tmp_path / "rep"])
     assert code == 0, err

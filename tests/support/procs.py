@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 
 from support.paths import ROOT
 
@@ -59,3 +60,19 @@ def assert_no_leftovers(tag: str, within_s: float = 10.0) -> None:
     while (left := tagged(tag)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"processes outlived their command: {left}"
+
+
+@contextmanager
+def database_held(db, sql: str | None = None):
+    """Another process holding ``db`` open (DuckDB's lock; ``sql`` run first) for as
+    long as the block runs: it says "held" once it has the lock, which is awaited,
+    and keeps it until its input closes."""
+    code = (f"import duckdb, sys; c = duckdb.connect({str(db)!r}); " + (f"c.execute({sql!r}); " if sql else "")
+            + "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder
+    finally:
+        holder.kill()
+        holder.communicate()
