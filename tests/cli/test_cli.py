@@ -174,7 +174,6 @@ def _commands(tmp_path, with_logs: bool) -> list[list[str]]:
         ["diff", "tenant-0"],
         ["capacity", *logs, "--json"],
         ["duplicates", *logs],
-        ["duplicates", "audit", "--out", str(tmp_path / "audit")],
         ["profiles"],
         ["run", *logs, "--out", str(tmp_path / "rep"), "--name", "r"],
     ]
@@ -192,7 +191,8 @@ def filled_db(tmp_path_factory) -> Path:
 def _label_commands(tmp_path, with_logs: bool) -> list[list[str]]:
     """The labelling commands (their embeddings need the ``semantic`` extra)."""
     logs = [str(SAMPLE)] if with_logs else []
-    return [["duplicates", "label-export", *logs, "--out", str(tmp_path / "labels"), "--pairs", "20"]]
+    return [["duplicates", "label-export", *logs, "--out", str(tmp_path / "labels"), "--pairs", "20"],
+            ["duplicates", "audit", "--out", str(tmp_path / "audit")]]
 
 
 @pytest.mark.parametrize("filled", [False, True], ids=["fresh", "filled"])
