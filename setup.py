@@ -1,25 +1,21 @@
-"""Builds the compiled trie (replay/core/_trie.pyx), ingest's value hash
-(replay/readers/_jsonhash.pyx), the sweep's counts (replay/core/_hits.pyx),
-the capacity pass (replay/core/_capacity.pyx) and a chat template's hot spots
+"""Builds the compiled parts: the trie, the replay's prompt assembly and hit
+origins (replay/core/_trie.pyx), ingest's value hash
+(replay/readers/_jsonhash.pyx), the hit kernel (replay/core/_hits.pyx), the
+capacity pass (replay/core/_capacity.pyx) and a chat template's hot spots
 (replay/text/_rendering.pyx); everything else is in pyproject.toml.
 
-The extensions are optional: where they cannot be compiled, the install goes on,
-``replay.trie`` uses its Python implementation, ingest serializes values to
-hash them, the sweep and capacity pass count in Python and numpy and a chat
-template reads its messages in Python (same answers, slower)."""
+They are required: an install needs a C compiler (Cython comes from
+pyproject.toml's build requirements), and fails without one rather than leave
+the trie or the hit kernel missing."""
 
+from Cython.Build import cythonize
 from setuptools import Extension, setup
 
-try:
-    from Cython.Build import cythonize
-except ImportError:  # no Cython in the build environment: the Python trie only
-    ext_modules = []
-else:
-    ext_modules = cythonize([Extension("replay.core._trie", ["replay/core/_trie.pyx"], optional=True),
-                              Extension("replay.readers._jsonhash", ["replay/readers/_jsonhash.pyx"], optional=True),
-                              Extension("replay.core._hits", ["replay/core/_hits.pyx"], optional=True),
-                              Extension("replay.core._capacity", ["replay/core/_capacity.pyx"], optional=True),
-                              Extension("replay.text._rendering", ["replay/text/_rendering.pyx"], optional=True)],
-                            compiler_directives={"language_level": 3}, quiet=True)
+EXTENSIONS = [("replay.core._trie", "replay/core/_trie.pyx"),
+              ("replay.readers._jsonhash", "replay/readers/_jsonhash.pyx"),
+              ("replay.core._hits", "replay/core/_hits.pyx"),
+              ("replay.core._capacity", "replay/core/_capacity.pyx"),
+              ("replay.text._rendering", "replay/text/_rendering.pyx")]
 
-setup(ext_modules=ext_modules)
+setup(ext_modules=cythonize([Extension(name, [src]) for name, src in EXTENSIONS],
+                            compiler_directives={"language_level": 3}, quiet=True))

@@ -72,7 +72,7 @@ def stage_naive(args: dict) -> dict:
     from replay import api
     from replay.core.prompts import iter_prompts
     from replay.core.simulate import BlockLogBuilder, simulate
-    from replay.core.times import ttl_us
+    from replay.times import ttl_us
 
     con = api.open_db(args["db"])
     tree = _TreePeak()

@@ -93,7 +93,7 @@ def stage_replay(args: dict) -> dict:
     from replay import api
     from replay.core.replay import replay_stage
     from replay.core.streams import MODES
-    from replay.core.times import INF_US
+    from replay.times import INF_US
 
     con = api.open_db(args["db"])
     horizon_us = INF_US if args["horizon_s"] is None else int(args["horizon_s"] * 1_000_000)

@@ -29,7 +29,7 @@ from bisect import bisect_right
 
 from replay import api
 from replay.core.streams import stream_key
-from replay.core.times import INF_US, ttl_us
+from replay.times import INF_US, ttl_us
 from replay.readers.formats import Options, Reject, convert_record, detect_record
 from replay.readers.ingest import expand_paths
 from replay.text.render import render_request, render_text

@@ -55,7 +55,7 @@ def main() -> None:
     a = ap.parse_args()
     from replay import api
     from replay.analysis import near
-    from replay.core.times import ttl_us
+    from replay.times import ttl_us
 
     con = api.open_db(a.db)
     out = {}

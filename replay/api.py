@@ -46,7 +46,7 @@ from replay.core.sweep import sweep as _sweep
 from replay import distributed
 from replay.distributed import ENGINES, DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable  # noqa: F401
 from replay.distributed import engine_context as replay_engine
-from replay.core.times import format_ttl, parse_ttl  # noqa: F401
+from replay.times import format_ttl, parse_ttl  # noqa: F401
 from replay.core.warmup import describe as describe_warmup, parse_warmup  # noqa: F401
 from replay.prepare import as_tokenizer, prepare
 from replay.providers import profiles as _profiles

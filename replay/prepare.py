@@ -14,7 +14,7 @@ from __future__ import annotations
 from replay import distributed
 from replay.core.replay import replay_stage
 from replay.core.streams import MODES, VARIANTS, check_modes
-from replay.core.times import INF_US
+from replay.times import INF_US
 from replay.store import db, walksets
 from replay.store.failpoints import failpoint
 from replay.text.tok import Tok, load_tokenizer

@@ -1,10 +1,8 @@
 import os
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("REPLAY_SHARED_DATA", ROOT.parent / "shared" / "data"))
+from support.paths import SHARED
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,3 +28,14 @@ def sample_con(tmp_path_factory):
     api.prepare(con, modes=())  # tokenize
     yield con
     con.close()
+
+
+@pytest.fixture
+def inline(monkeypatch):
+    """The encoder in this process (``REPLAY_ENCODER=inline``); a chat template's
+    inputs unfrozen after the test."""
+    from replay.text import render_template
+
+    monkeypatch.setenv("REPLAY_ENCODER", "inline")
+    yield
+    render_template.freeze_inputs(False)

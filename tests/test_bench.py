@@ -6,11 +6,12 @@ the fast path (blobs, segments, trie, SQL sweep) on agent-like traffic.
 """
 
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+from support.paths import ROOT
+
+BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
 
 import naive  # noqa: E402

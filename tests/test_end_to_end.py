@@ -10,23 +10,8 @@ from click.testing import CliRunner
 from replay.cli.main import main
 from replay.core import oracle
 
-from gen import US, random_requests
-
-EPOCH_US = 1_700_000_000 * US
-
-
-def _write_tokens_log(path, reqs, unit="us"):
-    """A tokens-format log of ``reqs`` (times in µs) with epoch timestamps in ``unit``:
-    integers in µs, numbers of ms or s with as many decimals as the µs need."""
-    with open(path, "w") as f:
-        for r in reqs:
-            t = EPOCH_US + r.ts
-            ts = {"us": t, "ms": f"{t // 1000}.{t % 1000:03d}", "s": f"{t // US}.{t % US:06d}"}[unit]
-            rec = {"ts": t if unit == "us" else "TS", "tenant": r.tenant, "tokens": list(r.tokens)}
-            for k, v in (("prompt_cache_key", r.key), ("session", r.session), ("model", r.model)):
-                if v is not None:
-                    rec[k] = v
-            f.write(json.dumps(rec).replace('"TS"', str(ts)) + "\n")
+from support.gen import US, random_requests
+from support.logs import write_tokens_log as _write_tokens_log
 
 
 def _key(r):

@@ -25,7 +25,7 @@ from replay.core.sampled import SampledPass, SampledRefs, sampled_counts
 from replay.core.simulate import POLICIES as EVICTION_POLICIES, BlockLogBuilder, simulate
 from replay.core.streams import check_modes, stream_key
 from replay.core.tiers import TierSpec, check_tiers, format_tiers, tier_depths
-from replay.core.times import INF_US, ttl_us
+from replay.times import INF_US, ttl_us
 from replay.core.warmup import parse_warmup, warmup_count
 from replay.prepare import prepare
 from replay.providers.kv import auto_capacities, blocks_for, parse_size

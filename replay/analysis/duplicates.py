@@ -27,7 +27,7 @@ from replay.analysis.near import MODEL_NAME, WARNING, SemanticMissing, stream_ke
 from replay.analysis.whatif import FIXES, normalized_copy
 from replay.core.prompts import iter_prompts
 from replay.core.streams import check_modes
-from replay.core.times import format_ttl, ttl_us
+from replay.times import format_ttl, ttl_us
 from replay.prepare import prepare
 from replay.store import db
 

@@ -48,7 +48,7 @@ template's markers included, so the roles stay apart):
 
 Exact by construction: exporting at ``block`` B and sweeping the export as a
 Mooncake trace gives the source's ceiling at B in global mode for every TTL
-(``tests/test_export.py``): block k of two requests has one id exactly when
+(``tests/analysis/test_export.py``): block k of two requests has one id exactly when
 their tokens agree up to the block's end, and the times are the source's.
 From a block trace, a block holding tokens the trace has no ids for (beyond
 the ids' sum: the tail) gets an id of its own, never shared.

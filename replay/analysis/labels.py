@@ -32,7 +32,7 @@ import polars as pl
 from replay.analysis.near import (THRESHOLDS, best_earlier, cache_groups, embed_turns, load_embedder,
                                   near_duplicates, stream_keys, turns)
 from replay.core.streams import MODES
-from replay.core.times import ttl_us
+from replay.times import ttl_us
 from replay.store import db
 
 BANDS = (0.80, 0.85, 0.90, 0.95, 0.99)  # lower edges; the last band runs to 1

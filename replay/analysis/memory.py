@@ -19,7 +19,7 @@ import polars as pl
 from replay.analysis.capacity import CapacityGrid, capacity
 from replay.analysis.report import _pyplot, headline_config
 from replay.core.grid import Grid
-from replay.core.times import format_ttl
+from replay.times import format_ttl
 
 SHARES = (0.5, 0.9, 0.99)            # of the ceiling: the sizes the section names
 REPLICAS = (1, 2, 4, 8)

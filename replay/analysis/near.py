@@ -32,7 +32,7 @@ import polars as pl
 
 from replay.core.prompts import time_ordered_chunks
 from replay.core.streams import check_modes, stream_key
-from replay.core.times import ttl_us
+from replay.times import ttl_us
 from replay.prepare import prepare
 from replay.store import db
 from replay.store.jsontext import loads

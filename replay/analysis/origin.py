@@ -18,7 +18,7 @@ import polars as pl
 from replay.analysis.report import headline_config
 from replay.core.grid import Grid
 from replay.core.sweep import ORIGIN_COLUMNS, sweep
-from replay.core.times import format_ttl
+from replay.times import format_ttl
 from replay.prepare import prepare
 
 LABELS = {"hit_same_session": "same session", "hit_other_session": "other session",

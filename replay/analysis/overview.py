@@ -6,7 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
-from replay.core.times import US_PER_S
+from replay.times import US_PER_S
 from replay.prepare import prepare
 from replay.readers.timeorder import FLAGGED
 from replay.store import db

@@ -55,7 +55,7 @@ from replay.core import hits
 from replay.core.grid import Grid
 from replay.core.prompts import RECENT_CONVERSATIONS, iter_prompts
 from replay.core.streams import check_modes
-from replay.core.times import format_ttl, parse_ttl, ttl_us
+from replay.times import format_ttl, parse_ttl, ttl_us
 from replay.core.trie import common_prefix_len
 from replay.core.walks import read_walks
 from replay.prepare import decoding_tokenizer, prepare

@@ -22,7 +22,7 @@ from replay.analysis.html import HTML_NAME, write_html
 from replay.analysis.overview import idle_gaps, overview, unordered_note
 from replay.core.grid import Grid
 from replay.core.sweep import sweep
-from replay.core.times import format_ttl
+from replay.times import format_ttl
 from replay.core.warmup import describe as describe_warmup
 from replay.prepare import prepare
 from replay.store.failpoints import failpoint

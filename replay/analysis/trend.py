@@ -59,7 +59,7 @@ import polars as pl
 from replay.analysis.diagnose import CAUSES, miss_parts
 from replay.analysis.diagnose.split import STRUCTURAL
 from replay.core import hits
-from replay.core.times import US_PER_S, format_ttl, parse_ttl, ttl_us
+from replay.times import US_PER_S, format_ttl, parse_ttl, ttl_us
 from replay.core.walks import read_walks
 from replay.prepare import prepare
 from replay.providers.economics import get_price, savings_per_request

@@ -48,7 +48,7 @@ import pyarrow as pa
 from replay.analysis.volatile import ID_RES, TIMESTAMP_RES
 from replay.core.grid import Grid
 from replay.core.sweep import sweep
-from replay.core.times import format_ttl, parse_ttl
+from replay.times import format_ttl, parse_ttl
 from replay.prepare import as_tokenizer, prepare
 from replay.providers.auto import parses_json
 from replay.store import db

@@ -7,14 +7,12 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import csv_values, db_option, ingest_options, kv_model, kv_options, load_logs, one_config
+from replay.cli.options import csv_values, db_option, kv_model, kv_options, load_logs, logs_options, one_config
 from replay.cli.options import cost_options, engine_options, gpu_options, on_engine, tier_option, warmup_option
 
 
 @click.command("diagnose")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @one_config
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--show-text", is_flag=True, help="Show the differing text (masked by default).")
@@ -45,9 +43,7 @@ def diagnose(logs, db_path, fmt, fields, time_unit, tokenizer, ttl, block, min_p
 
 
 @click.command("realised")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print exactly a JSON array: one object per (provider, model) and one per provider "
                    "with \"model\": \"*\".")
@@ -83,9 +79,7 @@ def realised(logs, db_path, fmt, fields, time_unit, tokenizer, as_json):
 
 
 @click.command("whatif")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @one_config
 @click.option("--fix", "fixes", required=True,
               help="Normalizers, comma-separated: strip-rotating-header, sort-tools, canonical-json, "
@@ -134,9 +128,7 @@ def diff(stream, db_path, index, show_text):
 
 
 @click.command()
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @click.option("--sample", default=40, show_default=True, help="Requests to replay (whole streams, time order).")
 @click.option("--model", type=click.Path(exists=True, file_okay=False), default=None,
               help="Your MLX model directory (default: a small random-weight model built once, cached).")
@@ -175,9 +167,7 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
 
 
 @click.command("capacity")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @click.option("--block", "blocks", default="16", show_default=True, callback=csv_values(int),
               help="Block sizes in tokens (the engine's KV block; 1 = token level).")
 @click.option("--capacity", "capacities", default=None, callback=csv_values(str),

@@ -9,7 +9,7 @@ import click
 
 from replay import api
 from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_model, kv_options, load_logs,
-                                plain_name, print_table, profile_names, tokenizer_option)
+                                logs_options, plain_name, print_table, profile_names, tokenizer_option)
 from replay.cli.options import cost_options, engine_options, gpu_options, on_engine, warmup_option
 
 @click.command()
@@ -56,9 +56,7 @@ def tokenize(db_path, tokenizer):
 
 
 @click.command()
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @grid_options
 @click.option("--profile", "profiles", multiple=True,
               help="Provider/engine rules to apply (repeat or comma-separate; `replay profiles` lists them). "
@@ -140,9 +138,7 @@ def _kv_and_cost(options: dict):
 
 
 @click.command()
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @grid_options
 @click.option("--name", default=None, callback=plain_name,
               help="Report folder name under --out: one plain name (default: 'sample' for the shipped "

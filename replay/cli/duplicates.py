@@ -8,7 +8,7 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import csv_values, db_option, ingest_options, load_logs
+from replay.cli.options import csv_values, db_option, load_logs, logs_options
 
 
 class _DefaultGroup(click.Group):
@@ -36,9 +36,7 @@ def duplicates():
 
 
 @duplicates.command("rates", hidden=True)
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @click.option("--ttl", "ttls", default="5m,1h,inf", show_default=True, callback=csv_values(api.parse_ttl),
               help="How long a response cache keeps an answer: seconds, or with s/m/h/d; 'inf' = forever.")
 @click.option("--stream", "streams", default="tenant,global", show_default=True, callback=csv_values(str),
@@ -123,9 +121,7 @@ def _pairs(con, ttl, stream, show_text):
 
 
 @duplicates.command("label-export")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @_pair_options
 @click.option("--pairs", "n", default=5000, show_default=True, type=click.IntRange(min=1),
               help="Pairs in the sample (an equal quota per similarity band 0.80-0.85 ... 0.99-1.00).")

@@ -5,13 +5,11 @@ from __future__ import annotations
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs
+from replay.cli.options import load_logs, logs_options
 
 
 @click.command("export")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @click.option("--to", "to", required=True, type=click.Choice(list(api.EXPORT_TARGETS)),
               help="Layout: mooncake or bailian (hash ids, no text); vllm-custom or sglang (prompt text: "
                    "needs --show-text).")

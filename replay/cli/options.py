@@ -57,6 +57,11 @@ def db_option(f):
                         type=click.Path(dir_okay=False), help="DuckDB file holding every stage's tables.")(f)
 
 
+def logs_options(f):
+    """LOGS..., --db and the ingest options: what every command that may load logs takes."""
+    return click.argument("logs", nargs=-1)(db_option(ingest_options(f)))
+
+
 def _tokenizer_dir(ctx, param, value):
     if value is not None and not (Path(value) / "tokenizer.json").is_file():
         raise click.BadParameter(f"no tokenizer.json in {value}: give a local Hugging Face tokenizer directory")

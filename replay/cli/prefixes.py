@@ -7,15 +7,13 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs, one_configuration
+from replay.cli.options import load_logs, logs_options, one_configuration
 
 TEXT_SHOWN = 160  # characters of a prefix's text the table shows (head and tail); --json gives it whole
 
 
 @click.command("prefixes")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @one_configuration
 @click.option("--top", default=20, show_default=True, type=click.IntRange(min=1), help="Prefixes to show.")
 @click.option("--by", default="hit_tokens", show_default=True, type=click.Choice(list(api.PREFIX_RANKINGS)),

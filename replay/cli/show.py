@@ -7,7 +7,7 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs
+from replay.cli.options import load_logs, logs_options
 
 _ATTRS = (("time", "time"), ("ts_us", "ts_us"), ("tenant", "tenant"), ("session", "session"), ("key", "key"),
           ("user", "user_id"), ("model", "model"), ("format", "format"))
@@ -15,9 +15,7 @@ _ATTRS = (("time", "time"), ("ts_us", "ts_us"), ("tenant", "tenant"), ("session"
 
 @click.command("show")
 @click.argument("request_id", type=int)
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @click.option("--json", "as_json", is_flag=True,
               help="Print exactly one JSON object: request_id, the request's attributes, n_tokens, tokens (the "
                    "ids, in order), segments (part, marker, start, n_tokens; in order), and text with "

@@ -7,13 +7,11 @@ import json
 import click
 
 from replay import api
-from replay.cli.options import db_option, ingest_options, load_logs, one_configuration
+from replay.cli.options import load_logs, logs_options, one_configuration
 
 
 @click.command("trend")
-@click.argument("logs", nargs=-1)
-@db_option
-@ingest_options
+@logs_options
 @one_configuration
 @click.option("--threshold", default=api.TREND_THRESHOLD, show_default=True, type=click.FloatRange(min=0),
               help="Flag a stream whose ceiling dropped by more than this many points from its previous week.")

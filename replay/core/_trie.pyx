@@ -1,18 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, initializedcheck=False, cdivision=True
-"""The trie of :mod:`replay.core.trie`, compiled: the same walk, node for node.
-
-``replay.core.trie.Trie`` is this class when the extension is built (``pip install``
-builds it with Cython; ``REPLAY_PURE_TRIE=1`` picks the Python one), and the
-tests run both against the brute-force oracle. What differs is only how the
-work is done: a node holds a pointer into the array its edge is a view of
-(and a reference to that array), and edges are compared element by element in
-C instead of by a numpy comparison per edge, which cost more in call overhead
-than in comparing. Symbols may be int32 (token ids) or int64 (block traces),
-even within one trie.
+"""The trie of :mod:`replay.core.trie` (its contract is written there): the one
+implementation, tested against the brute-force definition of a walk
+(``tests/support/kernels.py``). A node holds a pointer into the array its
+edge is a view of (and a reference to that array), and edges are compared
+element by element in C (a numpy comparison per edge cost more in call
+overhead than in comparing). Symbols may be int32 (token ids) or int64 (block
+traces), even within one trie.
 
 Also here, for the same reason: the replay's prompt assembly
 (:func:`extend`, behind ``replay.core.prompts.SegmentStore.extend``) and its
-hit origin per step (:class:`Writers`, ``replay.core.replay.PythonWriters``).
+hit origin per step (:class:`Writers`, used by ``replay.core.replay``).
 
 Times are integer microseconds (int64), so gaps compare exactly with TTLs.
 """
@@ -59,12 +56,28 @@ cdef const char* _data(object arr) except NULL:
 
 
 cdef int64_t _EMPTY_SYMBOL = 0
-cdef int64_t INF_US = 9223372036854775807  # replay.core.times.INF_US
+
+
+cdef void* _resized(void* p, size_t nbytes) except NULL:
+    """``p`` reallocated to ``nbytes`` (MemoryError where it cannot be: ``p`` is
+    then left as it was, still the caller's to free)."""
+    cdef void* q = realloc(p, nbytes)
+    if q == NULL:
+        raise MemoryError()
+    return q
+cdef int64_t INF_US = 9223372036854775807  # replay.times.INF_US
 
 
 cdef class Tails:
-    """:class:`replay.core.trie.PythonTails`, compiled: the part of each walked
-    sequence the tries hold, copied once and shared by every trie walking it."""
+    """The part of each walked sequence the tries hold, copied once and shared by
+    every trie that walks it (kept in the request's ``held``: ``Trie.walk(..., held=)``).
+
+    A new leaf or a merged edge is a part of the walked sequence, most of which
+    (the conversation so far) the trie holds already: holding the whole sequence
+    for it would keep all of that twice, so the part from the edge's start to
+    the end is copied — once per request, however many tries (stream modes,
+    variants, replicas) walk it; their edges are views of that copy. A split
+    edge's two parts stay views of the array it was part of."""
     cdef dict _held       # id(seq) -> [seq, lo, copy of seq[lo:] (seq itself when lo == 0)]
 
     def __cinit__(self):
@@ -134,7 +147,8 @@ def _as_symbols(seq):
 
 
 cdef class Trie:
-    """:class:`replay.core.trie.Trie`, compiled (same API and answers)."""
+    """A per-stream radix trie whose nodes carry last-used timestamps (µs); see
+    :mod:`replay.core.trie` for the walk's contract."""
     cdef public Node root
     cdef public int64_t horizon
     cdef int64_t _last_prune
@@ -166,19 +180,11 @@ cdef class Trie:
 
     cdef int _reserve(self, Py_ssize_t n) except -1:
         cdef Py_ssize_t cap
-        cdef Py_ssize_t* s
-        cdef Py_ssize_t* e
         if n <= self._cap:
             return 0
         cap = max(n, 2 * self._cap, 16)
-        s = <Py_ssize_t*> realloc(self._starts, cap * sizeof(Py_ssize_t))
-        if s == NULL:
-            raise MemoryError()
-        self._starts = s
-        e = <Py_ssize_t*> realloc(self._ends, cap * sizeof(Py_ssize_t))
-        if e == NULL:
-            raise MemoryError()
-        self._ends = e
+        self._starts = <Py_ssize_t*> _resized(self._starts, cap * sizeof(Py_ssize_t))
+        self._ends = <Py_ssize_t*> _resized(self._ends, cap * sizeof(Py_ssize_t))
         self._cap = cap
         return 0
 
@@ -191,7 +197,8 @@ cdef class Trie:
         return 0
 
     def walk(self, seq, int64_t t, insert=None, cum=None, Py_ssize_t known=0, owner=None, dict held=None):
-        """See :meth:`replay.core.trie.PythonTrie.walk`."""
+        """Walk ``seq`` at time ``t``; return its steps and insert it (the
+        arguments: :mod:`replay.core.trie`)."""
         cdef bint owned = owner is not None
         cdef int64_t own = owner if owned else -1
         cdef Tails tails
@@ -353,11 +360,15 @@ cdef inline const char* _int32_data(object arr) except NULL:
 
 
 def extend(dict tokens, list seg_ids, prev):
-    """:meth:`replay.core.prompts.SegmentStore.extend`, compiled (the same answers): the
-    tokens of ``seg_ids`` (int32 arrays in ``tokens``), the part shared with
-    ``prev`` (an earlier prompt's segment ids and tokens) copied in one piece,
-    and how many leading tokens are prev's. The result is one allocation filled
-    by memcpy, not a numpy concatenation of a list of arrays."""
+    """:meth:`replay.core.prompts.SegmentStore.extend`: the tokens of ``seg_ids``
+    (int32 arrays in ``tokens``) concatenated, and how many leading tokens are
+    ``prev``'s (an earlier prompt's segment ids and tokens). When ``seg_ids``
+    repeats all of prev's segments but its last (an agent's next turn: the same
+    conversation, then the reply and new messages instead of the generation
+    marker) those are copied from prev's tokens in one piece — joining hundreds
+    of segments again is most of the cost; otherwise (an earlier message
+    changed) the segments it shares with prev from the start are. The result is
+    one allocation filled by memcpy, not a numpy concatenation of a list of arrays."""
     cdef Py_ssize_t m = len(seg_ids), n = 0, k, i, cut = 0, total, pos
     cdef list psegs, rest
     cdef object ptoks = None
@@ -403,9 +414,11 @@ def extend(dict tokens, list seg_ids, prev):
 # ---------------------------------------------------------------- hit origin
 
 cdef class Writers:
-    """:class:`replay.core.replay.PythonWriters`, compiled (the same answers): the
-    (tenant, session) pairs that own trie nodes as small ints, and a walk's steps
-    (gap, depth, owner) as (gaps, depths, origins) relative to the walking pair."""
+    """Who last wrote each part of a trie, as small ints: a node's owner is the
+    code of the (tenant, session) of the last request that walked through it,
+    and a step's origin follows from that writer and the walking request — a
+    walk's steps (gap, depth, owner) become (gaps, depths, origins) relative to
+    the walking pair (origin codes: ``replay.core.streams.ORIGINS``)."""
     cdef dict _codes
     cdef dict _tenants
     cdef dict _sessions
@@ -431,19 +444,12 @@ cdef class Writers:
         """The number of the pair (tenant, session) (``session`` may be None)."""
         cdef PyObject* found = PyDict_GetItem(self._codes, (tenant, session))
         cdef Py_ssize_t cap
-        cdef int64_t* a
         if found != NULL:
             return <object> found
         if self._n == self._cap:
             cap = max(16, 2 * self._cap)
-            a = <int64_t*> realloc(self._tenant_of, cap * sizeof(int64_t))
-            if a == NULL:
-                raise MemoryError()
-            self._tenant_of = a
-            a = <int64_t*> realloc(self._session_of, cap * sizeof(int64_t))
-            if a == NULL:
-                raise MemoryError()
-            self._session_of = a
+            self._tenant_of = <int64_t*> _resized(self._tenant_of, cap * sizeof(int64_t))
+            self._session_of = <int64_t*> _resized(self._session_of, cap * sizeof(int64_t))
             self._cap = cap
         self._tenant_of[self._n] = self._tenants.setdefault(tenant, len(self._tenants))
         self._session_of[self._n] = -1 if session is None else self._sessions.setdefault(session, len(self._sessions))

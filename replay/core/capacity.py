@@ -44,7 +44,7 @@ import numpy as np
 
 from replay.core.prompts import Prompt
 from replay.core.streams import stream_key
-from replay.core.times import INF_US
+from replay.times import INF_US
 from replay.core.trie import Trie
 
 try:  # the kernel: the recorder and the counts, compiled (replay/core/_capacity.pyx)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replay.core.streams import check_modes
-from replay.core.times import INF_US, ttl_us
+from replay.times import INF_US, ttl_us
 from replay.core.warmup import parse_warmup
 
 DEFAULT_TTLS = (300.0, 1800.0, 3600.0, math.inf)

@@ -2,7 +2,7 @@
 
 Quadratic and slow on purpose — every fast engine (trie, sweep, profiles) is
 tested against this on generated logs. Times are integer microseconds, TTLs
-too (``replay.core.times.ttl_us``); a request's cache is its stream under the
+too (``replay.times.ttl_us``); a request's cache is its stream under the
 mode *and* its model.
 """
 
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from replay.core.times import INF_US, ttl_us
+from replay.times import INF_US, ttl_us
 
 
 @dataclass

@@ -4,7 +4,7 @@ The prompts (as ``iter_prompts`` yields them, in processing order) are routed
 to partitions (:class:`Router`) each of which is replayed on its own with the
 ordinary machinery (``replay.core.replay.Replayer``, one trie per cache), and
 the partitions' rows are merged (:func:`merged_row`) into exactly the rows the
-single-process replay writes (the oracle: ``tests/test_partition.py``). Pure
+single-process replay writes (the oracle: ``tests/core/test_partition.py``). Pure
 Python + numpy; ``replay.core.streamed`` feeds the partitions to walkers, in
 this process or as Ray actors (``replay.distributed``).
 
@@ -34,7 +34,7 @@ of its walk, the prefix ``x = P_r[:d]`` has last-used ``T(x)`` = the latest time
 of an earlier request whose walked prompt or inserted sequence starts with ``x``,
 and an owner = the (tenant, session) of the last such request (processing order);
 the step function is the run-length encoding of ``d ↦ (t − T(x), origin(owner))``
-cut where ``t − T(x)`` exceeds the horizon (``PythonTrie``: node splits and merges
+cut where ``t − T(x)`` exceeds the horizon (``replay.core.trie``: node splits and merges
 preserve this function; a node idle past the horizon counts as absent, in walk and
 prune alike, and since last-used never grows with depth the cut is the same
 however the trie is shaped). So a trie that has seen *every* request passing

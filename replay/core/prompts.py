@@ -22,13 +22,8 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from replay.core.trie import COMPILED
+from replay.core._trie import extend as _extend
 from replay.store import db
-
-if COMPILED:  # the same prompt assembly, compiled beside the trie
-    from replay.core._trie import extend as _compiled_extend
-else:
-    _compiled_extend = None
 
 MOONCAKE_BLOCK = 512
 RECENT_CONVERSATIONS = 512  # latest prompt kept per (tenant, session or key), to build the next one from
@@ -181,35 +176,10 @@ class SegmentStore:
         return np.concatenate(itemgetter(*seg_ids)(self._tokens))
 
     def extend(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> tuple[np.ndarray, int]:
-        """:meth:`extend_py`, compiled when the trie is (one allocation filled by memcpy)."""
-        if _compiled_extend is not None:
-            return _compiled_extend(self._tokens, seg_ids, prev)
-        return self.extend_py(seg_ids, prev)
-
-    def extend_py(self, seg_ids: list[int], prev: tuple[list[int], np.ndarray] | None) -> tuple[np.ndarray, int]:
-        """``concat(seg_ids)``, copying the part shared with ``prev`` (an earlier
-        prompt's segment ids and tokens) in one piece when ``seg_ids`` repeats all
-        of prev's segments but its last (an agent's next turn: the same
-        conversation, then the reply and new messages instead of the generation
-        marker) — joining hundreds of segments again is most of the cost. Otherwise
-        the segments it shares with prev from the start are copied in one piece.
-        Also returns how many leading tokens are prev's."""
-        if prev is not None:
-            psegs, ptoks = prev
-            n = len(psegs) - 1
-            if 0 < n < len(seg_ids) and seg_ids[:n] == psegs[:n]:
-                cut = len(ptoks) - len(self._tokens[psegs[-1]])
-            else:  # an earlier message changed (an agent trimming old tool output, say)
-                n = next((i for i, (a, b) in enumerate(zip(seg_ids, psegs)) if a != b), min(len(seg_ids), len(psegs)))
-                if n == 0:
-                    return self.concat(seg_ids), 0
-                cut = sum(map(len, itemgetter(*psegs[:n])(self._tokens))) if n > 1 else len(self._tokens[psegs[0]])
-            rest = seg_ids[n:]
-            if not rest:
-                return ptoks[:cut].copy(), cut
-            return np.concatenate([ptoks[:cut], *itemgetter(*rest)(self._tokens)] if len(rest) > 1
-                                  else [ptoks[:cut], self._tokens[rest[0]]]), cut
-        return self.concat(seg_ids), 0
+        """``concat(seg_ids)``, and how many leading tokens are ``prev``'s (an
+        earlier prompt's segment ids and tokens), copied from prev in one piece
+        (compiled beside the trie: ``replay.core._trie.extend``)."""
+        return _extend(self._tokens, seg_ids, prev)
 
     def __len__(self) -> int:
         return len(self._tokens)

@@ -8,7 +8,7 @@ idle gap" from which ``L_τ`` follows for every TTL (``replay.core.hits``):
 everything later (sweep, profiles, diagnosis) is derived from that small table
 without replaying again. Each step also carries the *origin* of that part of
 the prefix: whether its last writer was the walking request's own session,
-another session of its tenant, or another tenant (``ORIGINS``; the hit origin
+another session of its tenant, or another tenant (``streams.ORIGINS``; the hit origin
 of docs/origin.md), split where the origin changes. Which sets are current is
 recorded in `walk_sets` (``replay.store.walksets``); ``replay.prepare``
 decides what to replay.
@@ -26,9 +26,10 @@ import duckdb
 import numpy as np
 
 from replay.core.prompts import iter_prompts
-from replay.core.streams import MODES, ORIGINS, stream_key
-from replay.core.times import INF_US
-from replay.core.trie import COMPILED, Trie
+from replay.core.streams import MODES, stream_key
+from replay.core._trie import Writers
+from replay.times import INF_US
+from replay.core.trie import Trie
 from replay.core.walks import delete_walks, insert_walks
 from replay.store import walksets
 from replay.store.failpoints import failpoint
@@ -139,66 +140,6 @@ class Replayer:
 
     def nodes(self) -> dict[str, int]:
         return {f"{v}/{m}": sum(t.nodes for t in st.values()) for (v, m), st in self.tries.items()}
-
-
-SAME_SESSION, OTHER_SESSION, OTHER_TENANT = range(len(ORIGINS))
-
-
-class PythonWriters:
-    """Who last wrote each part of a trie, as small ints: a node's owner is the
-    code of the (tenant, session) of the last request that walked through it, and
-    a step's origin follows from that writer and the walking request. (Compiled
-    beside the trie: ``replay.core._trie.Writers``, the same answers.)"""
-
-    def __init__(self):
-        self._codes: dict[tuple[str, str | None], int] = {}
-        self._tenants: dict[str, int] = {}
-        self._sessions: dict[str, int] = {}
-        self.tenant_of: list[int] = []   # per code: its tenant's number
-        self.session_of: list[int] = []  # per code: its session's number, -1 when it has none
-
-    def code(self, tenant: str, session: str | None) -> int:
-        c = self._codes.get((tenant, session))
-        if c is None:
-            c = self._codes[(tenant, session)] = len(self.tenant_of)
-            self.tenant_of.append(self._tenants.setdefault(tenant, len(self._tenants)))
-            self.session_of.append(-1 if session is None else self._sessions.setdefault(session, len(self._sessions)))
-        return c
-
-    def split(self, steps, me: int) -> tuple[list, list, list]:
-        """(gaps, depths, origins) of a walk's steps (gap, depth, owner): owners
-        turned into origins relative to writer ``me``, and steps of the same gap
-        and origin merged (the trie splits them wherever the owner changes)."""
-        gaps: list[int] = []
-        depths: list[int] = []
-        origins: list[int] = []
-        if not steps:
-            return gaps, depths, origins
-        session_of = self.session_of
-        my_s = session_of[me]
-        my_t = self.tenant_of[me]
-        last_g = last_o = -1
-        for g, d, w in steps:
-            if w == me:
-                o = SAME_SESSION if my_s >= 0 else OTHER_SESSION
-            elif my_s >= 0 and session_of[w] == my_s:
-                o = SAME_SESSION
-            else:
-                o = OTHER_SESSION if self.tenant_of[w] == my_t else OTHER_TENANT
-            if g == last_g and o == last_o:
-                depths[-1] = d
-            else:
-                gaps.append(g)
-                depths.append(d)
-                origins.append(o)
-                last_g, last_o = g, o
-        return gaps, depths, origins
-
-
-# the compiled one where the trie is (REPLAY_PURE_TRIE=1: this module's)
-Writers = PythonWriters
-if COMPILED:
-    from replay.core._trie import Writers  # noqa: F811
 
 
 def _known(p, mode: str, stream: str, horizon: int) -> int:

@@ -40,7 +40,7 @@ import numpy as np
 
 from replay.core.prompts import RECENT_CONVERSATIONS, Prompt, trace_blocks
 from replay.core.streams import stream_key
-from replay.core.times import INF_US
+from replay.times import INF_US
 
 try:  # the distances compiled (replay/core/_capacity.pyx), where built
     from replay.core import _capacity as _compiled

@@ -33,7 +33,7 @@ import numpy as np
 
 from replay.core.prompts import Prompt, trace_blocks
 from replay.core.streams import stream_key
-from replay.core.times import INF_US
+from replay.times import INF_US
 
 NEVER = np.iinfo(np.int64).max  # the next touch of a block no later request touches
 

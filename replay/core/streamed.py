@@ -35,7 +35,7 @@ from replay.core import partition
 from replay.core.prompts import Conversations, SegmentStore
 from replay.core.replay import Replayer, _collector_paused
 from replay.core.streams import MODES
-from replay.core.times import INF_US
+from replay.times import INF_US
 
 BATCH = 2_048           # prompts (routed to a walker's partitions) per call
 EVERY = 16_384          # prompts read between sending every walker what it has (bounds the waiting global rows)

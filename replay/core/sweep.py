@@ -20,7 +20,7 @@ import pyarrow as pa
 from replay.core import hits
 from replay.core.grid import Grid
 from replay.core.streams import ORIGINS
-from replay.core.times import INF_US, seconds
+from replay.times import INF_US, seconds
 from replay.core.walks import Walks, read_walks
 from replay.core.warmup import measured_walks
 from replay.store import db

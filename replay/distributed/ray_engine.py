@@ -36,8 +36,9 @@ the end (the cluster keeps running; this job's actors are killed).
 Test hook: ``REPLAY_RAY_FAULT`` = ``exit-once:PARTITION:MARKER`` (the actor
 walking PARTITION dies at its first batch: ``os._exit`` unless MARKER exists,
 which it creates first), ``exit:PARTITION`` (dies every time), ``raise:PARTITION``
-(raises) or ``sleep:PARTITION:SECONDS`` (time to interrupt the command), read
-in the driver and handed to the actors.
+(raises) or ``sleep:PARTITION:SECONDS[:MARKER]`` (time to interrupt the command;
+MARKER, when given, is created as the sleep starts), read in the driver and
+handed to the actors.
 """
 
 from __future__ import annotations
@@ -76,7 +77,11 @@ def _inject(fault: str, name: str) -> None:
     if kind == "raise":
         raise RuntimeError(f"injected failure in task {name}")
     if kind == "sleep":  # (time to interrupt the command)
-        time.sleep(float(marker))
+        seconds, _, started = marker.partition(":")
+        if started:
+            with open(started, "w") as f:
+                f.write(name)
+        time.sleep(float(seconds))
 
 
 class RayEngine:

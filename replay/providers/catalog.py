@@ -23,7 +23,7 @@ Two implementations:
   materialise the prompts (``replay.core.prompts.iter_prompts``) and run a small
   simulator of the provider's cache in processing order
   (``replay.providers.simulators``). Each simulator's pure core is tested
-  against a brute-force reading of the same rules (``tests/test_profiles.py``).
+  against a brute-force reading of the same rules (``tests/providers/test_profiles.py``).
 
 Every profile keeps the contract's split of caches by model.
 

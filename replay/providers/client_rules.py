@@ -37,7 +37,7 @@ import numpy as np
 from replay.core import hits
 from replay.core.prompts import Prompt, iter_prompts
 from replay.core.replay import replay_prompts
-from replay.core.times import US_PER_S
+from replay.times import US_PER_S
 from replay.providers.catalog import ANTHROPIC_MIN_TOKENS, GEMINI_MIN_TOKENS, model_family
 from replay.providers.hidden import hidden_tokens, infer_lengths
 from replay.providers.layouts import block_ends
@@ -179,23 +179,24 @@ def anthropic_predictions(rs: list[RequestRow], hidden: dict[str, int], ends: di
 
 # ----------------------------------------------------------------------------- OpenAI and Gemini: walks
 
-def _walk(rs: list[RequestRow], hidden: dict[str, int], partition) -> tuple[list, list]:
-    """Each request's walk (gaps, depths) in its partition's trie, and its (full length, hidden length)."""
+def _walk(rs: list[RequestRow], hidden: dict[str, int], partition, ttl_us: int) -> tuple[list[int], list]:
+    """Each request's ``L_τ`` under ``ttl_us`` in its partition's trie, and its (full length, hidden length)."""
     prompts, lens = [], []
     for r in rs:
         full, h = _full(r, hidden)
         prompts.append(Prompt(r.request_id, r.ts, partition(r), None, None, full, None, None, len(full), r.model))
         lens.append((len(full), h))
     walks = replay_prompts(prompts, modes=("tenant",), variants=("prompt",))[("prompt", "tenant")]
-    return [(w[5], w[6]) for w in walks], lens
+    offsets = np.cumsum([0] + [len(w[5]) for w in walks], dtype=np.int64)
+    L = hits.depths_under(offsets, [g for w in walks for g in w[5]], [d for w in walks for d in w[6]], [ttl_us])
+    return [int(x) for x in L[:, 0]], lens
 
 
 def _openai(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
-    walks, lens = _walk(rs, hidden, lambda r: f"org:{r.tenant}|key:{r.key}")
+    depths, lens = _walk(rs, hidden, lambda r: f"org:{r.tenant}|key:{r.key}", OPENAI_TTL_US)
     prev: dict[str, int] = {}
     out = []
-    for r, (gaps, depths), (n, h) in zip(rs, walks, lens):
-        L = hits.depth_under(gaps, depths, OPENAI_TTL_US)
+    for r, L, (n, h) in zip(rs, depths, lens):
         size = r.usage_prompt if r.usage_prompt is not None else n
         pred = openai_round(L) if size >= 1024 else 0
         part = "minimum" if size < 1024 else _gap_part(prev.get(r.stream), r.ts, OPENAI_TTL_US)
@@ -205,12 +206,11 @@ def _openai(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
 
 
 def _gemini(con, rs: list[RequestRow], hidden: dict[str, int]) -> list[tuple]:
-    walks, lens = _walk(rs, hidden, lambda r: f"org:{r.tenant}|backend:{r.backend}")
+    depths, lens = _walk(rs, hidden, lambda r: f"org:{r.tenant}|backend:{r.backend}", GEMINI_TTL_US)
     prev: dict[str, tuple[int, str | None]] = {}
     out = []
-    for r, (gaps, depths), (n, h) in zip(rs, walks, lens):
+    for r, L, (n, h) in zip(rs, depths, lens):
         minimum = GEMINI_MIN_TOKENS.get(model_family(r.model).profile.removeprefix("gemini-"), 4096)
-        L = hits.depth_under(gaps, depths, GEMINI_TTL_US)
         size = r.usage_prompt if r.usage_prompt is not None else n
         block = GEMINI_BLOCK * n / size if size else float(GEMINI_BLOCK)
         pred = int(math.floor(L / block) * block) if size >= minimum else 0

@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from replay.core.grid import Grid
-from replay.core.times import US_PER_S
+from replay.times import US_PER_S
 from replay.providers.catalog import get_profile, judging_config
 from replay.providers.request_hits import request_hits
 from replay.store import db
@@ -281,6 +281,17 @@ def logged_price_model(con, prices_path=None) -> str | None:
     return None
 
 
+def session_length_lines(st: pl.DataFrame) -> list[str]:
+    """The report's "Hit ratio by session length" table (rows of :func:`session_length_table`)."""
+    lines = ["", "### Hit ratio by session length", "",
+             "| session length | sessions | requests | prompt tokens | ceiling hit | realised hit |",
+             "|---|---|---|---|---|---|"]
+    for r in st.to_dicts():
+        lines.append(f"| {r['session_length']} | {r['sessions']:,} | {r['requests']:,} | {r['prompt_tokens']:,} | "
+                     f"{_fmt_pct(r['hit_ratio'])} | {_fmt_pct(r['realized_hit_ratio'])} |")
+    return lines
+
+
 def _fmt_pct(x) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
@@ -329,13 +340,7 @@ def savings_section(con, out_dir, profile: str | None = None, price_model: str |
         tbl.write_csv(Path(out_dir) / "savings.csv")
     except OSError:
         pass
-    st = session_length_table(con, profile, stream)
-    lines += ["", "### Hit ratio by session length", "",
-              "| session length | sessions | requests | prompt tokens | ceiling hit | realised hit |",
-              "|---|---|---|---|---|---|"]
-    for r in st.to_dicts():
-        lines.append(f"| {r['session_length']} | {r['sessions']:,} | {r['requests']:,} | {r['prompt_tokens']:,} | "
-                     f"{_fmt_pct(r['hit_ratio'])} | {_fmt_pct(r['realized_hit_ratio'])} |")
+    lines += session_length_lines(session_length_table(con, profile, stream))
     png = _plot_weekly(tbl, Path(out_dir))
     if png:
         lines += ["", f"![realised against ceiling per week]({png})"]

@@ -3,7 +3,7 @@
 Read from the installed mlx-lm (0.32.2) source, ``mlx_lm/models/cache.py``
 (``PromptTrie``, ``LRUPromptCache``) and ``mlx_lm/server.py``
 (``ResponseGenerator._generate``), and confirmed against the running server by
-``replay validate`` and ``tests/test_validate.py``:
+``replay validate`` and ``tests/validate/test_validate.py``:
 
 * **Lookup** (``LRUPromptCache.fetch_nearest_cache`` / ``PromptTrie.search``):
   token level, no blocks. If a stored entry equals the prompt exactly, all of

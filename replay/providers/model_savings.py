@@ -286,13 +286,7 @@ def savings_section(con, out_dir, profile: str | None = None, price_model: str |
         tbl.write_csv(Path(out_dir) / "savings.csv")
     except OSError:
         pass
-    st = ec.session_length_table(con, frame=frame)
-    lines += ["", "### Hit ratio by session length", "",
-              "| session length | sessions | requests | prompt tokens | ceiling hit | realised hit |",
-              "|---|---|---|---|---|---|"]
-    for r in st.to_dicts():
-        lines.append(f"| {r['session_length']} | {r['sessions']:,} | {r['requests']:,} | {r['prompt_tokens']:,} | "
-                     f"{ec._fmt_pct(r['hit_ratio'])} | {ec._fmt_pct(r['realized_hit_ratio'])} |")
+    lines += ec.session_length_lines(ec.session_length_table(con, frame=frame))
     png = ec._plot_weekly(tbl.filter(pl.col("model") == "ALL"), Path(out_dir))
     if png:
         lines += ["", f"![realised against ceiling per week]({png})"]

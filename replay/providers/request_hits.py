@@ -21,7 +21,7 @@ from replay.core.grid import Grid
 from replay.core.prompts import Prompt, iter_prompts
 from replay.core.replay import replay_prompts
 from replay.core.streams import stream_key
-from replay.core.times import ttl_us
+from replay.times import ttl_us
 from replay.core.walks import read_walks
 from replay.prepare import prepare
 from replay.providers import client_rules
@@ -160,10 +160,12 @@ def _openai_sim(con, prof: Profile, grid: Grid) -> pl.DataFrame:
                       None, None, r.n_tokens, r.model) for r, p, m in zip(reqs, parts, machines)]
     walks = replay_prompts(prompts, modes=("tenant",), variants=("prompt",))[("prompt", "tenant")]
     part_of = {r.request_id: p for r, p in zip(reqs, parts)}
+    offsets = np.cumsum([0] + [len(w[5]) for w in walks], dtype=np.int64)
+    L_all = hits.depths_under(offsets, [g for w in walks for g in w[5]], [d for w in walks for d in w[6]],
+                              [ttl_us(ttl) for ttl in grid.ttls])
     rows = []
-    for rid, _s, model, ts, n, gaps, depths, _origins in walks:
-        for ttl in grid.ttls:
-            L = hits.depth_under(gaps, depths, ttl_us(ttl))
+    for (rid, _s, model, ts, n, _gaps, _depths, _origins), Ls in zip(walks, L_all.tolist()):
+        for ttl, L in zip(grid.ttls, Ls):
             rows.append(("org+key", rid, part_of[rid], model, ts, n, float(ttl), 1, min_t,
                          openai_round(L, min_t, step)))
     return _frame(rows)

@@ -1,7 +1,7 @@
 """The provider simulators' pure cores: OpenAI's rounding and overflow routing,
 Anthropic's breakpoints, lookback and TTLs (mlx-lm's cache is
 ``replay.providers.mlx_cache``). Requests come in processing order; times are
-integer microseconds (``replay.core.times``). ``replay.providers.profiles``
+integer microseconds (``replay.times``). ``replay.providers.profiles``
 feeds them from the database; the tests hold each against a brute-force
 reading of the same rules.
 """
@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from replay.core.times import US_PER_S
+from replay.times import US_PER_S
 from replay.text.render import render_layout
 
 OPENAI_WINDOW_US = 60 * US_PER_S  # the overflow rule counts requests per minute

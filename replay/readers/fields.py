@@ -105,6 +105,18 @@ def type_name(v: Any) -> str:
     return type(v).__name__
 
 
+def document_list(doc: Any, key: str, what: str) -> list:
+    """The array ``doc[key]`` of a whole-file document (``what``: the kind of document
+    expected); Reject for the whole file where the document is not one."""
+    if not isinstance(doc, dict):
+        raise Reject("wrong_type", f"the document is {type_name(doc)}, expected {what}")
+    items = doc.get(key)
+    if not isinstance(items, list):
+        raise Reject("wrong_type" if key in doc else "no_prompt",
+                     f"field '{key}' is {type_name(items) if key in doc else 'absent'}, expected an array")
+    return items
+
+
 def get_path(rec: Any, path: str) -> Any:
     """Value at a dotted path (`request.metadata.user_id`, `a.0.b`), or MISSING."""
     cur = rec

@@ -52,7 +52,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from replay.readers.fields import (INT64, MISSING, Options, Reject, as_str, common_attrs, get_path,
+from replay.readers.fields import (INT64, MISSING, Options, Reject, as_str, common_attrs, document_list, get_path,
                                    int_or_none, type_name)
 from replay.readers.files import beside, is_file, open_binary, trajectory_stem
 from replay.readers.timestamps import parse_ts, record_ts
@@ -253,12 +253,7 @@ def convert_kv_trace(doc: Any, stem: str, opts: Options) -> Iterator[tuple[int, 
     requests included (numbered from 1 in the document's order, a sub-agent's
     where its entry stands). Raises Reject for the whole file when the document
     is not such a trace."""
-    if not isinstance(doc, dict):
-        raise Reject("wrong_type", f"the document is {type_name(doc)}, expected a kv-cache-tester trace object")
-    reqs = doc.get("requests")
-    if not isinstance(reqs, list):
-        raise Reject("wrong_type" if "requests" in doc else "no_prompt",
-                     f"field 'requests' is {type_name(reqs) if 'requests' in doc else 'absent'}, expected an array")
+    reqs = document_list(doc, "requests", "a kv-cache-tester trace object")
     block = block_size(doc, KV_TESTER_BLOCK)
     salt = opts.file_state.get("salt")
     ctx = {

@@ -19,7 +19,7 @@ whose log came newest-first, or shuffled, trusts the input. One of
 
 from __future__ import annotations
 
-from replay.core.times import US_PER_S
+from replay.times import US_PER_S
 
 SORTED, JITTERED, REVERSED, SHUFFLED = "sorted", "jittered", "reversed", "shuffled"
 ORDERS = (SORTED, JITTERED, REVERSED, SHUFFLED)

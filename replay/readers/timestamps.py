@@ -10,7 +10,7 @@ import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from replay.core.times import UNIT_US, to_us
+from replay.times import UNIT_US, to_us
 from replay.readers.fields import MISSING, TS_NAMES, Options, Reject, lookup_field, type_name
 
 TIME_UNITS = tuple(UNIT_US)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from replay.readers.chat import usage_row
-from replay.readers.fields import Options, Reject, as_str, too_deep, type_name
+from replay.readers.fields import Options, Reject, as_str, document_list, too_deep
 from replay.readers.timestamps import parse_ts
 from replay.store.jsontext import dumps
 
@@ -39,12 +39,7 @@ def convert_trajectory(doc: Any, stem: str, opts: Options) -> Iterator[tuple[int
 
     Raises Reject for the whole file when the document is not a trajectory.
     """
-    if not isinstance(doc, dict):
-        raise Reject("wrong_type", f"the document is {type_name(doc)}, expected a trajectory object")
-    msgs = doc.get("messages")
-    if not isinstance(msgs, list):
-        raise Reject("wrong_type" if "messages" in doc else "no_prompt",
-                     f"field 'messages' is {type_name(msgs) if 'messages' in doc else 'absent'}, expected an array")
+    msgs = document_list(doc, "messages", "a trajectory object")
     session = as_str(doc.get("instance_id"), "instance_id") or stem
     prefix = '{"tools":' + dumps([BASH_TOOL]) + ',"messages":['
     ser: list[str] = []

@@ -36,7 +36,7 @@ def dumps(obj: Any) -> str:
 # msgspec parses JSON as fast as orjson and, unlike orjson, reads integer literals
 # beyond 64 bits exactly (as the standard parser does); where it refuses what the
 # standard parser accepts (NaN, 1e400, lone surrogates) the standard parser reads it.
-# (Checked against json.loads on random documents in tests/test_ingest.py.)
+# (Checked against json.loads on random documents in tests/readers/test_ingest.py.)
 _decode_json = msgspec.json.Decoder().decode
 JSONDecodeError = msgspec.DecodeError
 

@@ -21,7 +21,7 @@ TABLES: dict[str, str] = {
             source_id BIGINT NOT NULL,
             line_no BIGINT NOT NULL,
             format VARCHAR NOT NULL,
-            ts_us BIGINT NOT NULL,      -- microseconds, epoch or relative (replay.core.times)
+            ts_us BIGINT NOT NULL,      -- microseconds, epoch or relative (replay.times)
             tenant VARCHAR NOT NULL,
             prompt_cache_key VARCHAR,
             session VARCHAR,
@@ -93,7 +93,7 @@ TABLES: dict[str, str] = {
         CREATE TABLE IF NOT EXISTS walk_sets (
             variant VARCHAR NOT NULL,
             mode VARCHAR NOT NULL,
-            horizon_us BIGINT NOT NULL,  -- exact for every TTL up to this (replay.core.times.INF_US: all)
+            horizon_us BIGINT NOT NULL,  -- exact for every TTL up to this (replay.times.INF_US: all)
             fingerprint VARCHAR NOT NULL,  -- of the requests and prompts it was replayed from
             requests BIGINT NOT NULL,
             PRIMARY KEY (variant, mode)

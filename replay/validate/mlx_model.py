@@ -182,7 +182,7 @@ def build_random_model(path: str | Path | None = None, shape: dict | None = None
         tcfg["add_eos_token"] = False
         (tmp / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=2, ensure_ascii=False))
         (tmp / "README.md").write_text(
-            "Random-weight model written by prefix-replay (replay/mlx_model.py) for\n"
+            "Random-weight model written by prefix-replay (replay/validate/mlx_model.py) for\n"
             "`replay validate`. Timing coefficients fitted on it belong to this shape\n"
             f"only: {json.dumps(shape)}\n")
         if d.exists():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.core.times import seconds
+from replay.times import seconds
 from replay.providers.mlx_cache import ideal_lcp, simulate_mlx
 from replay.text import render
 from replay.validate.mlx_model import kv_bytes_per_token

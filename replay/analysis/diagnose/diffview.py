@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from replay.analysis.diagnose.rules import classify_text, line_window, shown
-from replay.core.times import US_PER_S
+from replay.times import US_PER_S
 from replay.store import db
 from replay.text.renderers import render_of, request_renderer
 

@@ -26,7 +26,7 @@ from replay.analysis.diagnose.segments import (CandidateIndex, build_request, ch
 from replay.core import hits
 from replay.core.prompts import SegmentStore, time_ordered_chunks
 from replay.core.streams import stream_key
-from replay.core.times import INF_US, seconds, ttl_us
+from replay.times import INF_US, seconds, ttl_us
 from replay.core.walks import read_walks
 from replay.store import db
 from replay.text.renderers import TEMPLATE, render_of, request_renderer

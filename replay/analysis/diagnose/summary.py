@@ -14,7 +14,7 @@ from replay.analysis.diagnose.rules import shown
 from replay.analysis.diagnose.split import CAUSES, PARTS, STRUCTURAL, analyse, check_renderable, frame
 from replay.analysis.whatif import FIXES, TEMPLATE_FIXES, _tokenizer, normalized_copy, whatif
 from replay.core.streams import check_modes
-from replay.core.times import INF_US, format_ttl, parse_ttl
+from replay.times import INF_US, format_ttl, parse_ttl
 from replay.prepare import prepare
 from replay.providers.auto import parses_json
 from replay.store import db
