@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from replay.analysis.capacity import CapacityGrid, capacity
-from replay.analysis.report import _pyplot, headline_config
+from replay.analysis.report import _pyplot, finish_figure, headline_config
 from replay.core.grid import Grid
 from replay.times import format_ttl
 
@@ -115,12 +115,7 @@ def plot_memory(f: MemoryFigures, path: Path | None = None):
     ax.set_title("Hit ratio against cache size (dashed: unbounded ceiling)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    if path is None:
-        return fig
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    return finish_figure(fig, path)
 
 
 def memory_markdown(f: MemoryFigures) -> list[str]:

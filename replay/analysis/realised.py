@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from replay.analysis.report import _pyplot
+from replay.analysis.report import _pyplot, finish_figure
 from replay.providers.realised import by_length, by_session, has_usage, judged, realised
 
 
@@ -75,12 +75,7 @@ def plot_sessions(s: pl.DataFrame, path: Path | None = None):
     ax.set_ylim(0, 100)
     ax.legend(loc="upper left", fontsize=8)
     ax.set_title("Per session (point size: calls)", fontsize=10)
-    fig.tight_layout()
-    if path is None:
-        return fig
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
+    return finish_figure(fig, path)
 
 
 def session_frame(con, tokenizer=None) -> pl.DataFrame:

@@ -41,6 +41,17 @@ def _pyplot():
     return plt
 
 
+def finish_figure(fig, path: Path | None):
+    """Lay ``fig`` out and save it to ``path`` (then close it), or return it when no
+    path is given (a notebook shows it)."""
+    fig.tight_layout()
+    if path is None:
+        return fig
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return None
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 

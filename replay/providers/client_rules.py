@@ -53,13 +53,10 @@ LOOKBACK = 20
 
 @dataclass
 class RequestRow:
-    request_id: int
-    ts: int
-    tenant: str
-    key: str | None
-    session: str | None
-    model: str | None
-    format: str
+    """A request as the rules see it: its prompt (``request_id``, ``ts``, ``tenant``,
+    ``key``, ``session``, ``model``, ``n_tokens`` are the prompt's) and what the log
+    says of it beside."""
+    prompt: Prompt
     client: str | None
     hidden_key: str | None
     backend: str | None
@@ -67,8 +64,13 @@ class RequestRow:
     usage_cached: int
     usage_write: int | None
     usage_write_1h: int | None
-    tokens: np.ndarray
-    n_tokens: int
+
+    def __getattr__(self, name: str):
+        return getattr(self.prompt, name)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.prompt.symbols
 
     @property
     def stream(self) -> str:
@@ -96,7 +98,7 @@ def hidden_lengths(reqs: list[RequestRow]) -> dict[str, int]:
 def load_rows(con, with_usage_only: bool = True) -> list[RequestRow]:
     """The tokenized requests (with the provider's usage only, by default), in processing order."""
     meta = {r[0]: r[1:] for r in con.execute(f"""
-        SELECT request_id, format, client, hidden_key, backend, usage_prompt_tokens, usage_cached_tokens,
+        SELECT request_id, client, hidden_key, backend, usage_prompt_tokens, usage_cached_tokens,
                usage_cache_write_tokens, usage_write_1h_tokens
         FROM requests {'WHERE usage_prompt_tokens IS NOT NULL' if with_usage_only else ''}""").fetchall()}
     out = []
@@ -104,9 +106,8 @@ def load_rows(con, with_usage_only: bool = True) -> list[RequestRow]:
         m = meta.get(p.request_id)
         if m is None:
             continue
-        fmt, client, hkey, backend, up, uc, uw, u1h = m
-        out.append(RequestRow(p.request_id, p.ts, p.tenant, p.key, p.session, p.model, fmt, client, hkey, backend,
-                              up, int(uc or 0), uw, u1h, p.symbols, p.n_tokens))
+        client, hkey, backend, up, uc, uw, u1h = m
+        out.append(RequestRow(p, client, hkey, backend, up, int(uc or 0), uw, u1h))
     return out
 
 

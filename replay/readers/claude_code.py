@@ -41,7 +41,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 from replay.readers.chat import usage_row
-from replay.readers.fields import CONTEXT, Reject, as_str, int_or_none, type_name
+from replay.readers.fields import CONTEXT, Reject, as_objects, as_str, int_or_none, type_name
 from replay.readers.timestamps import parse_ts
 from replay.store.jsontext import dumps
 
@@ -119,12 +119,9 @@ class _Session:
 def convert_claude_code(units: Iterable[tuple[int, Any]], opts) -> Iterator[tuple[int, Any]]:
     """(line, row | Reject | CONTEXT) for every unit of a transcript, in file order."""
     s = _Session()
-    for ln, rec in units:
+    for ln, rec in as_objects(units):
         if isinstance(rec, Reject):
             yield ln, rec
-            continue
-        if not isinstance(rec, dict):
-            yield ln, Reject("wrong_type", f"the line is {type_name(rec)}, expected a JSON object")
             continue
         if not isinstance(rec.get("type"), str) or not (
                 rec["type"] in EVENT_TYPES or "sessionId" in rec or "uuid" in rec):

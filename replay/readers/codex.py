@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from replay.readers.fields import CONTEXT, Reject, as_str, int_or_none, type_name
+from replay.readers.fields import CONTEXT, Reject, as_objects, as_str, int_or_none, type_name
 from replay.readers.timestamps import parse_ts
 from replay.store.jsontext import dumps
 
@@ -128,13 +128,10 @@ def _convert_item(item: dict) -> dict:
 def convert_codex(units: Iterable[tuple[int, Any]], opts) -> Iterator[tuple[int, Any]]:
     """(line, row | Reject | CONTEXT) for every unit of a rollout, in file order."""
     r = _Rollout()
-    for ln, rec in units:
-        if isinstance(rec, Reject):
-            yield ln, rec
-            continue
-        if not isinstance(rec, dict) or not isinstance(rec.get("payload"), dict):
-            what = type_name(rec) if not isinstance(rec, dict) else f"an object whose 'payload' is {type_name(rec.get('payload'))}"
-            yield ln, Reject("wrong_type", f"the line is {what}, expected an object with an object 'payload'")
+    for ln, rec in as_objects(units):
+        if isinstance(rec, Reject) or not isinstance(rec.get("payload"), dict):
+            yield ln, rec if isinstance(rec, Reject) else Reject(
+                "wrong_type", f"the line's 'payload' is {type_name(rec.get('payload'))}, expected an object")
             continue
         typ, p = rec.get("type"), rec["payload"]
         try:

@@ -51,6 +51,15 @@ class _Context:
 CONTEXT = _Context()
 
 
+def as_objects(units):
+    """A file's ``(line, record)`` units with every unit that is not a JSON object (nor
+    already a Reject) made a Reject: what a converter reading a whole file walks."""
+    for ln, rec in units:
+        if not isinstance(rec, (dict, Reject)):
+            rec = Reject("wrong_type", f"the line is {type_name(rec)}, expected a JSON object")
+        yield ln, rec
+
+
 def too_deep(what: str = "the record") -> Reject:
     """A value that parsed, but nests too deeply to be serialized again: the parser
     and the serializer share Python's recursion limit, and the serializer runs

@@ -17,6 +17,7 @@ import polars as pl
 import pytest
 
 from replay import api
+from replay.core.prompts import Prompt
 from replay.providers import client_rules
 from replay.providers.client_rules import (RequestRow, _gemini, _openai, anthropic_predictions, hidden_lengths,
                                            judge)  # (the per-family rules, called directly on hand-made rows)
@@ -33,8 +34,8 @@ S = 1_000_000
 def _row(rid, ts, tokens, session="s", model="claude-opus-4-6", up=None, uc=0, w1h=None, write=None,
          hidden_key=None, backend=None, key=None):
     toks = np.asarray(tokens, dtype=np.int64)
-    return RequestRow(rid, ts, "t", key, session, model, "claude-code", "claude-code", hidden_key, backend,
-                      up if up is not None else len(toks), uc, write, w1h, toks, len(toks))
+    prompt = Prompt(rid, ts, "t", key, session, toks, None, None, len(toks), model)
+    return RequestRow(prompt, "claude-code", hidden_key, backend, up if up is not None else len(toks), uc, write, w1h)
 
 
 def _ends(rows, block=100):
