@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from replay.store.jsontext import loads
-from replay.text import ahead_board, child, segids, template_ahead
+from replay.text import child, segids, template_ahead
 from replay.text.engine import Engine
 from replay.text.render import render_part
 from replay.text.tokenizer_json import json_facts, load_reference, prepare_tokenizer
@@ -67,15 +67,8 @@ class EncoderProcess:
 
     def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True,
                  template: tuple | None = None):
-        #: with a template: where this process's stage and the child are in a chunk's requests
-        self.board = None
-        if template is not None:
-            try:
-                self.board = ahead_board.Board()
-            except OSError:  # no temporary file: the stage takes what is ready when it reaches a chunk
-                pass
         self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0",
-                                 "1" if add_markers else "0", pass_fds=(self.board.fd,) if self.board else ())
+                                 "1" if add_markers else "0")
         self._lock = threading.Lock()
         self._info: dict | None = None
         self._warm_sent = 0
@@ -89,7 +82,7 @@ class EncoderProcess:
         self._sender = threading.Thread(target=self._send_loop, daemon=True, name="replay-encoder-sender")
         self._sender.start()
         if template is not None:  # (source, origin, specials): requests are rendered ahead with it
-            self._send(("template", template, None if self.board is None else self.board.fd))
+            self._send(("template", template))
 
     def info(self) -> dict:
         """vocab_size, marker_ids, markers_added (waits for the child to be ready)."""
@@ -168,13 +161,6 @@ class EncoderProcess:
         return ({rid: (*r, s, p) for rid, r, s, p in zip(rids, rest, segs, parts)},
                 dict(zip(tok_ids, _unpack(*packed))))
 
-    def encode_for_stage(self, texts: dict[int, str]) -> None:
-        """New texts (segment id → text) of requests the caller rendered: the child
-        encodes them between its own, and hands their tokens over with the next
-        :meth:`take_requests`; no reply."""
-        with self._lock:
-            self._send(("encode_for_stage", texts))
-
     def take_blobs_flat(self, blob_ids: list[int]) -> PreparedBlobs:
         """The prepared parts among ``blob_ids``, as flat arrays (no array per part:
         the tokenize stage adds them to its pools as they are)."""
@@ -206,8 +192,6 @@ class EncoderProcess:
             self._outbox.put(None)  # pending warm parts are dropped; a frame being written finishes
             self._sender.join(timeout=5)
             child.stop(self._proc)
-            if self.board is not None:
-                self.board.close()
 
     def __del__(self):  # pragma: no cover - best effort at interpreter exit
         try:
@@ -431,8 +415,7 @@ class _Child:
                 self.ahead.add(msg[1], msg[2], self.between)
         elif kind == "template":
             try:
-                self.ahead = template_ahead.RequestsAhead(self.engine, msg[1], self.path,
-                                                          None if msg[2] is None else ahead_board.Board(msg[2]))
+                self.ahead = template_ahead.RequestsAhead(self.engine, msg[1], self.path)
             except Exception as exc:  # noqa: BLE001 - the stage renders every request itself
                 print(f"tokenize: the encoder process cannot render ahead ({type(exc).__name__}: {exc})",
                       file=sys.stderr)
@@ -440,12 +423,6 @@ class _Child:
             got, tokens = self.ahead.take(msg[1], msg[2]) if self.ahead is not None else ({}, {})
             self._reply(lambda: (list(got), [v[:3] for v in got.values()], _pack([v[3] for v in got.values()], "<u8"),
                                  _pack([v[4] for v in got.values()]), list(tokens), _pack(list(tokens.values()))))
-        elif kind == "encode_for_stage":  # (no reply: the tokens go with the next "requests")
-            try:
-                if self.ahead is not None:
-                    self.ahead.encode_for_stage(msg[1])
-            except Exception:  # noqa: BLE001 - a hint: the stage encodes them itself, and reports a failure
-                pass
         elif kind == "encode":
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
             self._reply(lambda: _pack(self.engine.encode(msg[1])), ENCODE_FAILED)

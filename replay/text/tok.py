@@ -99,7 +99,8 @@ class Tok:
         if template is not None:
             self.render = renderers.TEMPLATE
             self.name = renderers.template_tokenizer_name(name, template.digest)
-            self.render_request = _TemplateRequests(template, self.path)
+            # (an object of its own, not a method: no reference cycle keeps a Tok, and its process, alive)
+            self.render_request = render_template.TemplateRenderer(template, self.path).render_request
             self.render_output = render_template.output_pieces
         else:
             self.render = renderers.check_render(render)
@@ -215,20 +216,6 @@ class Tok:
             return {}, {}
         return self._from_process(lambda p: p.take_requests(request_ids, through), ({}, {}))
 
-    def encode_for_stage(self, texts: dict[int, str]) -> None:
-        """New texts (segment id → text) of requests the tokenize stage rendered
-        itself: with a template, the encoder process encodes them while the
-        stage renders on, and their tokens come with the next
-        :meth:`take_requests`. A hint only: texts whose tokens do not come back
-        are encoded when the stage stores its chunk."""
-        if texts and self.render == renderers.TEMPLATE:
-            self._from_process(lambda p: p.encode_for_stage(texts))
-
-    def ahead_board(self):
-        """Where the encoder process is in the requests it renders ahead
-        (``replay.text.ahead_board``), or None without the process."""
-        return None if self._proc is None or self.render != renderers.TEMPLATE else self._proc.board
-
     def add_prepared(self, parts: dict, tokens: dict) -> None:
         """Body parts rendered and encoded elsewhere with the reference tokenizer
         (``replay.distributed.files``: blob id → (kind, segment ids, parts); segment
@@ -333,22 +320,6 @@ class Tok:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _TemplateRequests:
-    """A chat template's ``render_request(body, fmt, ts_us)``, its cut points (the
-    added tokens of the tokenizer.json as shipped) read on first use. (An object
-    of its own, not a method of the ``Tok``: no reference cycle keeps a Tok, and
-    its encoder process, alive.)"""
-
-    def __init__(self, template, tokenizer_json: Path):
-        self.template, self.tokenizer_json, self._renderer = template, tokenizer_json, None
-
-    def __call__(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
-        if self._renderer is None:
-            self._renderer = render_template.TemplateRenderer(
-                self.template, render_template.Splitter.of_file(self.tokenizer_json))
-        return self._renderer.render_request(body, fmt, ts_us)
 
 
 def _read_chat_template(d: Path) -> str | None:

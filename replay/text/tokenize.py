@@ -35,7 +35,7 @@ Renderings: the neutral template (the default), DeepSeek's encoding
 or a model's own chat template (``--chat-template``,
 ``replay.text.render_template``: the rendered text cut at the tokenizer's added
 tokens, each request rendered at its own time; most requests are rendered
-ahead by the encoder process, ``replay.text.tokenize_ahead``). A tokenizer
+ahead by the encoder process, ``replay.text.template_ahead``). A tokenizer
 directory's own ``chat_template`` is used only when ``--chat-template`` names it.
 
 Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
@@ -64,7 +64,6 @@ from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg
 from replay.text import render_template
 from replay.text.render_template import WHOLE_TEXT_ENV
 from replay.text.template_bodies import TemplateBodies
-from replay.text.tokenize_ahead import AheadRows
 from replay.text.renderers import TEMPLATE
 from replay.text.tok import Tok, load_tokenizer
 
@@ -371,7 +370,6 @@ class _Run:
         self.template_bodies = None
         if tok.render == TEMPLATE:
             self.template_bodies = TemplateBodies()
-            render_template.freeze_inputs(True)  # (until close: nothing changes the bodies it renders)
         self.reads = con.cursor()
         self.committer = db.Deferred(depth=1)
         self.prompts = self.segments = self.tokens = self.logical = self.aside = self.ahead = 0
@@ -399,9 +397,8 @@ class _Run:
             # a chat template reads each body whole: assembled from its parts, parsed
             # when a body is needed (most may have been rendered ahead)
             parsed = self.template_bodies.rows(self.reads, by_blobs, blobs_col, self.tok.recent_parts)
-            ahead = AheadRows(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts, parsed,
-                              np.flatnonzero(by_blobs).tolist())
-            ahead.meet()
+            ahead = _taken_ahead(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts,
+                                 parsed.part_ids, np.flatnonzero(by_blobs).tolist())
             by_blobs[:] = False
         elif self.tok.render != "neutral" and by_blobs.any():
             # parts are rendered neutrally: another rendering renders each body whole
@@ -414,14 +411,14 @@ class _Run:
         assembled = self.blob_cache.assemble(sel_ids, sel_off) if len(sel) else None
         got = self._render(tbl, by_blobs, {int(i): j for j, i in enumerate(sel)},
                            rows_with(sel_ids, sel_off, self.blob_cache.failed), parsed, ahead)
-        self.ahead += 0 if ahead is None else ahead.taken
+        self.ahead += 0 if ahead is None else len(ahead)
         self.committed()
         self._store(got, assembled, rids[sel])
         if self.bar is not None:
             self.bar.update(len(ids))
 
     def _render(self, tbl, by_blobs, sel_pos: dict, broken: dict, parsed=None,
-                ahead: AheadRows | None = None) -> _Rendered:
+                ahead: dict | None = None) -> _Rendered:
         """Render what the chunk's body parts do not already give: bodies stored
         whole, outputs, pre-tokenized requests. ``parsed[i]``: row ``i``'s body
         parsed (None: read from ``tbl``); ``ahead``: rows rendered ahead."""
@@ -523,10 +520,34 @@ class _Run:
             pass
         self.committer.close()
         self.reads.close()
-        if self.template_bodies is not None:
-            render_template.freeze_inputs(False)
         if self.bar is not None:
             self.bar.close()
+
+
+def _taken_ahead(tok: Tok, store: NewSegments, rids: np.ndarray, times: list, fmts: list, part_ids: list,
+                 rows: list[int]) -> dict[int, tuple[list, list]]:
+    """Row → (segment ids, parts) of the chunk's ``rows`` (a template renders
+    them from parts) that the encoder process rendered ahead, taken in one ask
+    (``replay.text.template_ahead``; the rows up to the chunk's last are the
+    stage's from then on). The first row is left to the stage, whose cuts are
+    checked there (:func:`check_cuts`). A render is taken only when it was made
+    from what the stage reads (time, format, part ids: a request id is used
+    again after a rolled-back file) and every one of its segments' tokens is here."""
+    rows = rows[1:]
+    if not rows:
+        return {}
+    got, tokens = tok.take_requests([int(rids[i]) for i in rows], int(rids[rows[-1]]))
+    store.add_arrays(tokens)
+    out = {}
+    for i in rows:
+        g = got.get(int(rids[i]))
+        if g is None or g[0] != times[i] or g[1] != fmts[i] or list(g[2]) != part_ids[i]:
+            continue
+        sids = g[3].tolist()
+        # (a segment missing: handed over to a chunk that was rolled back since)
+        if all(store.has(s) for s in set(sids).difference(store.known)):
+            out[i] = (sids, g[4].tolist())
+    return out
 
 
 def _with_whole_bodies(con, tbl: pa.Table, by_blobs: np.ndarray, blobs_col) -> pa.Table:
