@@ -209,20 +209,15 @@ def check_syntax(source: str) -> None:
         raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
 
 
-def _transformers_environment():
-    """transformers' chat-template environment (``template_env``)."""
-    try:
-        return template_env.environment()
-    except ImportError as exc:  # pragma: no cover - transformers is a dependency
-        raise TemplateError(f"--chat-template needs transformers ({exc})") from None
-
-
 def compile_template(source: str):
     """``source`` compiled in transformers' environment (``template_env``),
     its attribute lookup taking the common cases first (:func:`_plain_lookup`)
     and the JSON of what a body part maps to written once
     (``template_messages.Written``)."""
-    base = _transformers_environment()
+    try:
+        base = template_env.environment()
+    except ImportError as exc:  # pragma: no cover - transformers is a dependency
+        raise TemplateError(f"--chat-template needs transformers ({exc})") from None
     env = base.overlay()
     env.getattr = _plain_lookup(base)
     if env.getattr is not base.getattr:  # (``Written.json`` is then out of the templates' sight)

@@ -81,12 +81,11 @@ class Tok:
     ``render_request`` / ``render_output`` its functions.
 
     The encoding is done by a ``replay.text.engine.Engine`` — exactly the
-    reference ``tokenizers`` ids, for less work (tiktoken, fastokens; see that
-    module) — in a child process started here (``REPLAY_ENCODER=inline``
+    reference ``tokenizers`` ids, for less work (fastokens; see that module) — in a child process started here (``REPLAY_ENCODER=inline``
     keeps it in this process; so does a child that cannot start or dies, with
     a warning). Creating a ``Tok`` before ingesting lets the child load while
     ingest runs, and ``warm()`` hands it new body parts to encode ahead.
-    ``backend``: ``auto`` | ``tokenizers`` | ``tiktoken`` | ``fastokens`` (default: the
+    ``backend``: ``auto`` | ``tokenizers`` | ``fastokens`` (default: the
     ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``).
     """
 
@@ -123,7 +122,6 @@ class Tok:
                 print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
         self._engine: engine.Engine | None = None
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
-        self._lost = False  # an encoder process ended: what it handed out may be unchecked
         self._elsewhere: tuple = ({}, {}, [0])  # parts, tokens prepared elsewhere, tokens added (add_prepared)
         #: body parts (blob id → (kind, text)) ingest handed over for a template's requests:
         #: the tokenize stage reads them here, not from the database (``TemplateBodies.rows``)
@@ -248,28 +246,12 @@ class Tok:
             mine.update(self._from_process(lambda p: p.take_segments(rest), {}) or {})
         return mine
 
-    def settle(self) -> None:
-        """No more prepared parts will be taken: the encoder process may now load
-        the reference and run the checks that waited for it, beside whatever this
-        process does next (:meth:`verdict` waits for them)."""
+    def release(self) -> None:
+        """No more prepared parts will be taken: the encoder process lets go of
+        what only the tokenize stage needed, beside whatever this process does next."""
         self._elsewhere = ({}, {}, [0])  # (what was not taken: its blobs were rendered already)
         self.recent_parts, self._recent_chars = {}, 0
-        self._from_process(lambda p: p.settle())
-
-    def verdict(self) -> list[str]:
-        """What the checks of the ids handed out so far found wrong (waits for
-        them): empty when every shortcut agreed with the reference. Ids from an
-        encoder process that ended count as unchecked."""
-        got = self._from_process(lambda p: p.verdict())
-        if got is None and self._lost:
-            return ["the encoder process ended before its checks"]
-        return list(got or []) + (self._engine.settle() if self._engine is not None else [])
-
-    def exact(self) -> "Tok":
-        """This tokenizer with no shortcut: the reference alone, in this process
-        (to encode again what a failed check put in doubt)."""
-        return Tok(self.path, self.base_name, self.chat_template, backend="tokenizers", in_process=True,
-                   render=None if self.template is not None else self.render, template=self.template)
+        self._from_process(lambda p: p.release())
 
     def encoder_name(self) -> str:
         """What encoded this tokenizer's texts so far (for summaries and the bench)."""
@@ -286,7 +268,6 @@ class Tok:
     def _lose_process(self) -> None:
         print("tokenize: the encoder process ended; encoding in this process from now on", file=sys.stderr)
         proc, self._proc = self._proc, None
-        self._lost = True
         if proc is not None:
             proc.close()
 

@@ -244,7 +244,7 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
     """Make ``segments``/``prompts`` belong to ``tok``; True when old rows were cleared."""
     current = db.get_meta(con, "tokenizer")
     cleared = False
-    if current != tok.name or tokens_unchecked(con):
+    if current != tok.name or _left_unchecked(con):
         has_rows = con.execute(
             "SELECT (SELECT count(*) FROM segments) + (SELECT count(*) FROM prompts)").fetchone()[0]
         if has_rows:
@@ -253,6 +253,7 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
             cleared = True
         con.execute("DELETE FROM set_aside WHERE stage = 'tokenize'")  # another tokenizer may render them
         db.set_meta(con, "tokenizer", tok.name)
+        con.execute("DELETE FROM meta WHERE key = 'tokens_checked'")  # (an older version's state)
     return cleared
 
 def _set_aside(con, aside: list[tuple[int, str]], tokenizer: str) -> None:
@@ -263,39 +264,20 @@ def _set_aside(con, aside: list[tuple[int, str]], tokenizer: str) -> None:
     con.execute("INSERT OR REPLACE INTO set_aside SELECT request_id, 'tokenize', 'unrenderable', detail, ? "
                 "FROM _replay_aside", [tokenizer])
 
-def tokens_unchecked(con) -> bool:
-    """The stage's rows wait for late checks that a run stopped before
-    (:func:`confirm_tokens`): the next run tokenizes them again."""
+def _left_unchecked(con) -> bool:
+    """Rows an older version stored before checking them against the reference
+    (its ``tokens_checked`` meta still ``pending``: a run stopped in between):
+    tokenized again."""
     return db.get_meta(con, "tokens_checked") == "pending"
 
 
 def tokenize_needed(con) -> bool:
-    """Requests are not tokenized yet, or their rows wait for late checks."""
-    return db.untokenized(con) > 0 or tokens_unchecked(con)
-
-
-def confirm_tokens(con, tok: Tok) -> bool:
-    """Wait for the checks of the ids ``tok`` handed out (:meth:`Tok.verdict`).
-    True when all agreed with the reference; otherwise the stage's rows are
-    deleted, with a warning on stderr, and False: the caller tokenizes again
-    with ``tok.exact()``."""
-    failed = tok.verdict()
-    if not failed:
-        db.set_meta(con, "tokens_checked", "yes")
-        return True
-    print(f"tokenize: a check found {', '.join(failed)} disagreeing with tokenizers; "
-          "tokenizing again with tokenizers alone", file=sys.stderr)
-    con.execute("BEGIN TRANSACTION")
-    con.execute("DELETE FROM prompts")
-    con.execute("DELETE FROM segments")
-    db.set_meta(con, "tokens_checked", "failed")
-    con.execute("COMMIT")
-    return False
+    """Requests are not tokenized yet (or an older version left them unchecked)."""
+    return db.untokenized(con) > 0 or _left_unchecked(con)
 
 
 def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
-                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None,
-                   check: bool = True) -> TokenizeSummary:
+                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None) -> TokenizeSummary:
     """Fill ``segments`` and ``prompts`` for every request still waiting for them.
 
     ``tokenizer``: a :class:`Tok`, a local tokenizer path, or None (DeepSeek-V4).
@@ -307,13 +289,8 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     one transaction, so an interrupted run resumes cleanly. Re-running adds
     nothing.
 
-    The encoder's shortcuts are checked on a sample against the reference
-    (``replay.text.engine``), some of it only once the stage is done. ``check``:
-    wait for those checks here (:func:`confirm_tokens`; on a disagreement the
-    stage runs again with the reference alone); False leaves it to the caller,
-    which then calls :func:`confirm_tokens` itself — after the replay, say, so
-    the checks run beside it. Until then the rows are marked unchecked
-    (``tokens_checked``), and a later run redoes them.
+    The ids are the reference's (``replay.text.engine``: what its shortcut
+    encodes is checked on a sample as it goes).
     """
     t0 = time.perf_counter()
     tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
@@ -323,8 +300,6 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id)").fetchone()[0]
     pending = con.execute(
         f"SELECT request_id FROM requests r WHERE {_WAITING} ORDER BY request_id").fetchnumpy()["request_id"]
-    if len(pending):
-        db.set_meta(con, "tokens_checked", "pending")
     if chunk_requests is None:
         chunk_requests = min(max(CHUNK_REQUESTS[0], len(pending) // 25), CHUNK_REQUESTS[1])
     run = _Run(con, tok, batch_chars, progress, len(pending))
@@ -337,9 +312,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     if run.aside:
         print(f"tokenize: {run.aside:,} requests cannot be rendered and are set aside (table set_aside, "
               "with the reason); the rest go on", file=sys.stderr)
-    tok.settle()  # no more prepared parts are taken: the late checks may start
-    if check and len(pending) and not confirm_tokens(con, tok):
-        return tokenize_stage(con, tok.exact(), progress, batch_chars, chunk_requests)
+    tok.release()  # no more prepared parts are taken
     return TokenizeSummary(
         requests=int(len(pending)), new_prompts=run.prompts, unique_segments=run.segments,
         unique_tokens=run.tokens, logical_tokens=run.logical, seconds=time.perf_counter() - t0,
