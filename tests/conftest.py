@@ -7,12 +7,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("REPLAY_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """Tests keep their caches (tiktoken's ranks) to themselves, not in ~/.cache."""
-    os.environ["REPLAY_CACHE_DIR"] = str(tmp_path_factory.mktemp("replay-cache"))
-
-
 @pytest.fixture(scope="session")
 def shared_data():
     if not SHARED.exists():
