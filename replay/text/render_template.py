@@ -219,17 +219,18 @@ def compile_template(source: str):
     except ImportError as exc:  # pragma: no cover - transformers is a dependency
         raise TemplateError(f"--chat-template needs transformers ({exc})") from None
     env = base.overlay()
-    env.getattr = _plain_lookup(base)
-    if env.getattr is not base.getattr:  # (``Written.json`` is then out of the templates' sight)
+    quick = _plain_lookup(base)
+    if quick is not None:  # (``Written.json`` is then out of the templates' sight)
+        env.getattr = quick
         env.filters = dict(base.filters)
         tojson = base.filters["tojson"]
 
         def tojson_(x, *args, **kwargs):
             if type(x) is not Written or args or kwargs:
                 return tojson(x, *args, **kwargs)
-            if x.json is None:
-                x.json = tojson(x)
-            return x.json
+            if x._json is None:
+                x._json = tojson(x)
+            return x._json
 
         env.filters["tojson"] = tojson_
     try:
@@ -241,17 +242,17 @@ def compile_template(source: str):
 def _plain_lookup(env):
     """``env.getattr`` (jinja's sandbox: ``SandboxedEnvironment.getattr``, the
     lookup of ``x.name`` in a template), with two cases first that give what it
-    gives: a plain dict (or tracked message, or ``Written``: its ``json`` is not
+    gives: a plain dict (or tracked message, or ``Written``: its ``_json`` is not
     the templates') has no attribute but its type's, so
     for any other name ``d.name`` is ``d["name"]``, else undefined; a namespace's
     value under a name without an underscore is returned when it is a plain
-    value (the sandbox's checks pass every such value). Anything else, and an
-    environment whose lookup is not the sandbox's own, goes to ``env.getattr``."""
+    value (the sandbox's checks pass every such value). Anything else goes to
+    ``env.getattr``; None for an environment whose lookup is not the sandbox's own."""
     from jinja2.sandbox import SandboxedEnvironment
 
     sandbox = env.getattr
     if getattr(type(env), "getattr", None) is not SandboxedEnvironment.getattr:
-        return sandbox
+        return None
     undefined = env.undefined
     namespace = env.globals.get("namespace")
     own = {dict: frozenset(dir(dict)), _Tracked: frozenset(dir(_Tracked)), Written: frozenset(dir(dict))}

@@ -78,12 +78,12 @@ class Written(dict):
     """What templates write as JSON (a call's arguments, a tool's parameters):
     mapped from a body part parsed once (:func:`_once`), it is the same object
     in every request that repeats the part and is never changed, so its JSON
-    is written once (``json``: ``render_template``'s ``tojson``)."""
-    __slots__ = ("json",)
+    is written once (``_json``: ``render_template``'s ``tojson``)."""
+    __slots__ = ("_json",)
 
     def __init__(self, value: dict):
         super().__init__(value)
-        self.json: str | None = None
+        self._json: str | None = None
 
 
 def _written(value: Any) -> Any:
