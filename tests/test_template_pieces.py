@@ -92,3 +92,62 @@ def test_glued_pieces_tokenize_as_the_whole_text():
     assert any(t not in cut_at and t[:1] == "<" and any(t.startswith(c) for c in cut_at) for t in texts)  # (glued)
     ids = [i for t in texts for i in ref.encode(t, add_special_tokens=False).ids]
     assert ids == ref.encode("".join(texts), add_special_tokens=False).ids
+
+
+# --------------------------------------------------------------------------- the environment's shortcuts
+
+def _both(source: str, wrap=lambda v: v, **variables):
+    """(our compiled template's result, transformers' environment's result); each
+    an output or ``("raised", exception type name)``. ``wrap`` changes our
+    variables only (the objects rendering hands a template)."""
+    from replay.text import template_env
+
+    out = []
+    for template, values in ((render_template.compile_template(source), {k: wrap(v) for k, v in variables.items()}),
+                             (template_env.environment().from_string(source), variables)):
+        try:
+            out.append(template.render(**values))
+        except Exception as exc:  # noqa: BLE001 - compared by type
+            out.append(("raised", type(exc).__name__))
+    return out
+
+
+SUBSCRIPTS = [
+    ("{{ d['k'] }}|{{ d['nope'] is defined }}|{{ d[1] }}", {"d": {"k": "v", 1: "one"}}),
+    ("{{ l[0] }}{{ l[-1] }}{{ l[5] is defined }}{{ l[1:] }}{{ l['x'] is defined }}", {"l": [1, 2, 3]}),
+    ("{{ t[0] }}{{ s[1] }}{{ s[9] is defined }}{{ s[::-1] }}", {"t": ("a", "b"), "s": "héllo"}),
+    ("{{ d['items'] is defined }}{{ d['__class__'] is defined }}", {"d": {}}),
+    ("{{ n[0] is defined }}{{ u['x'] is defined }}", {"n": 5}),
+    ("{{ d[[1]] }}", {"d": {"a": 1}}),  # an unhashable key
+    # attributes and namespaces (the compiled getattr and assignment), tojson (the compiled filter)
+    ("{{ d.k }}{{ d.items is defined }}{{ d.nope is defined }}{{ d.__class__ is defined }}", {"d": {"k": "v"}}),
+    ("{% set ns = namespace(a=1, b=[1], f=none) %}{% set ns.a = ns.a + 1 %}{{ ns.a }}{{ ns.b }}{{ ns.f }}"
+     "{{ ns.c is defined }}", {}),
+    ("{% set ns = namespace() %}{% set ns._x = 1 %}{{ ns._x }}", {}),
+    ("{% set ns = namespace(d={'k': 2}) %}{{ ns.d.k }}{{ ns.d | tojson }}", {}),
+    ("{{ d | tojson }}{{ l | tojson(indent=2) }}{{ 5 | tojson }}{{ 'é' | tojson }}", {"d": {"b": 1, "a": [1]}, "l": [1]}),
+]
+
+
+@pytest.mark.parametrize("source,variables", SUBSCRIPTS)
+def test_lookups_render_as_in_transformers_environment(source, variables):
+    ours, transformers = _both(source, **variables)
+    assert ours == transformers
+
+
+WRITTEN = [
+    ("{{ d | tojson }}{{ d | tojson }}{{ d | tojson(indent=2) }}", {"d": {"b": 1, "a": [1, "é"]}}),
+    ("{{ d.json }}|{{ d._json is defined }}|{{ d['_json'] }}|{{ d.items() | list | length }}",
+     {"d": {"json": "J", "_json": "K"}}),
+    ("{{ d.nope is defined }}{{ d.keys is defined }}{{ d is mapping }}", {"d": {}}),
+]
+
+
+@pytest.mark.parametrize("source,variables", WRITTEN)
+def test_written_objects_render_as_plain_dicts(source, variables):
+    """What a part maps to (``template_messages.Written``): its JSON kept, nothing
+    else a template can tell from a plain dict."""
+    from replay.text.template_messages import Written
+
+    ours, transformers = _both(source, wrap=Written, **variables)
+    assert ours == transformers and not isinstance(ours, tuple)
