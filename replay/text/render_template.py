@@ -150,6 +150,11 @@ class ChatTemplate:
         """The template compiled (:func:`compile_template`), once per object."""
         return compile_template(self.source)
 
+    @functools.cached_property
+    def alias(self):
+        """How transformers aliases a message's reasoning (``template_env``), looked up once per object."""
+        return template_env.reasoning_alias()
+
     @property
     def reads_blocks(self) -> bool:
         """Does the template loop over a message's content (content as blocks)?"""
@@ -327,7 +332,7 @@ def render_messages(tpl: ChatTemplate, messages: list[dict], tools: list | None,
     """:func:`render_chunks` of messages already in the template's shape."""
     w = [None, None, None, False]  # the reads since the last chunk written (``_Tracked``)
     tracked = []
-    for j, m in enumerate(template_env.alias_reasoning(messages)):
+    for j, m in enumerate(tpl.alias(messages)):
         t = _Tracked(m)
         t._index, t._w = j, w
         tracked.append(t)
