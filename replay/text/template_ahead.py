@@ -6,18 +6,11 @@ here it is whole *requests*: ingest hands over each request it writes (its id,
 time, format and body part ids) with the parts no earlier request brought
 (``replay.readers.writer.Writer``), and :class:`RequestsAhead` renders them
 with the same template, splitter and content ids as the tokenize stage
-(``replay.text.render_template``) and encodes their new texts. The stage then
-takes a request's segment ids and parts instead of rendering it
-(``tokenize._Run``), after checking that the request it reads has the time,
-format and parts that were rendered (a request id is used again when a
-file's rows are rolled back).
-
-When the stage reaches a chunk it takes, in one ask, what was rendered of its
-rows; from then on every request up to the chunk's last is the stage's (this
-process skips them). So each request is rendered once at most here, and the
-rows are those of rendering in the stage alone. A request that cannot be
-rendered or assembled here is simply not offered (the stage renders it, or
-sets it aside with the reason).
+(``replay.text.render_template``) and encodes their new texts. On reaching a
+chunk the stage takes, in one ask, what was rendered of its rows (checked
+against what it reads: ``tokenize._taken_ahead``); from then on the chunk is
+the stage's (skipped here). A request that cannot be rendered or assembled
+here is simply not offered (the stage renders it, or sets it aside).
 """
 
 from __future__ import annotations
