@@ -18,7 +18,7 @@ from replay.times import INF_US
 from replay.store import db, walksets
 from replay.store.failpoints import failpoint
 from replay.text.tok import Tok, load_tokenizer
-from replay.text.tokenize import confirm_tokens, tokenize_needed, tokenize_stage
+from replay.text.tokenize import tokenize_needed, tokenize_stage
 
 
 def as_tokenizer(tokenizer) -> Tok:
@@ -62,17 +62,13 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
     pending = tokenize_needed(con)
     tok = as_tokenizer(tokenizer) if (pending or tokenizer is not None) else None
     if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
-        # the encoder's late checks run beside the replay; its rows are trusted only after them
-        done["tokenize"] = tokenize_stage(con, tok, progress=progress, check=False)
-        failpoint("prepare.tokens_unchecked")
+        done["tokenize"] = tokenize_stage(con, tok, progress=progress)
+        failpoint("prepare.tokenized")
     with distributed.using(engine, address) as eng:
         todo = walksets.stale(con, keys, horizon_us)
         if todo:
             done["replay"] = _replay(con, todo, horizon_us, progress, eng)
             failpoint("prepare.replayed")
-        if "tokenize" in done and not confirm_tokens(con, tok):
-            done["tokenize"] = tokenize_stage(con, tok.exact(), progress=progress)
-            done["replay"] = _replay(con, keys, horizon_us, progress, eng)
     return done
 
 

@@ -5,12 +5,6 @@ import pytest
 from support.paths import SHARED
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _cache_dir(tmp_path_factory):
-    """Tests keep their caches (tiktoken's ranks) to themselves, not in ~/.cache."""
-    os.environ["REPLAY_CACHE_DIR"] = str(tmp_path_factory.mktemp("replay-cache"))
-
-
 @pytest.fixture(scope="session")
 def shared_data():
     if not SHARED.exists():

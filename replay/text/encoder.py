@@ -10,8 +10,12 @@ and the new segments' tokens from it instead of rendering and encoding them
 itself. Rendering is ``replay.text.render.render_part`` and the ids
 ``replay.text.segids`` in both processes, so the rows are the same either way.
 With a chat template it is whole requests instead (``warm_requests``,
-``replay.text.template_ahead``), rendered while ingest runs and beside the
-tokenize stage, which takes them as it goes. The protocol is pickled frames on the child's stdin/stdout (``replay.text.child``).
+``replay.text.template_ahead``), rendered while ingest runs, which the tokenize
+stage takes a chunk at a time.
+
+The two processes exchange the typed messages of ``replay.text.child`` (the
+parent sends an ``Ask``; the child answers those marked "→" in order, after a
+``Ready`` or ``Failed`` once first).
 """
 
 from __future__ import annotations
@@ -19,19 +23,24 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import pickle
 import queue
+import socket
 import sys
 import threading
+from multiprocessing.connection import Connection
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from replay.store.jsontext import loads
-from replay.text import ahead_board, child, segids, template_ahead
+from replay.text import child, segids, template_ahead
+from replay.text.child import (_HINTS, Ahead, Answer, Ask, Blobs, Describe, Encode, Failed, Part, Ready, Release,
+                               Requests, TakeBlobs, TakeRequests, TakeSegments, Template, Text, Tokens, Warm,
+                               _Message, _pack, _tokens, _unpack, _Wire, text_of, wire_text)
 from replay.text.engine import Engine
 from replay.text.render import render_part
-from replay.text.tokenizer_json import json_facts, load_reference, prepare_tokenizer
+from replay.text.tokenizer_json import load_reference, prepare_tokenizer
 
 # Tokens of body parts prepared ahead, waiting for the tokenize stage (which only
 # starts when ingest ends); past it, the tokenize stage renders and encodes the
@@ -39,22 +48,6 @@ from replay.text.tokenizer_json import json_facts, load_reference, prepare_token
 PREPARED_TOKENS = 128_000_000
 WARM_BACKLOG_CHARS = 64_000_000    # body parts waiting to be warmed; more are dropped (they are only hints)
 WARM_SEND_CHARS = 6 * PREPARED_TOKENS  # body-part text sent in all (text runs ~3-4 characters a token)
-
-
-def _pack(arrays: list[np.ndarray], dtype: str = "<i4") -> tuple[bytes, bytes]:
-    """Arrays as (their values concatenated, their lengths): one buffer pickles far
-    faster than thousands of small arrays."""
-    lengths = np.fromiter(map(len, arrays), dtype="<i8", count=len(arrays))
-    flat = np.concatenate(arrays) if arrays else np.zeros(0)
-    return flat.astype(dtype).tobytes(), lengths.tobytes()
-
-
-def _unpack(flat: bytes, lengths: bytes, dtype: str = "<i4") -> list[np.ndarray]:
-    """The arrays :func:`_pack` packed (views of one buffer)."""
-    ends = np.cumsum(np.frombuffer(lengths, dtype="<i8")).tolist()
-    values = np.frombuffer(flat, dtype=dtype)
-    return [values[a:b] for a, b in zip([0] + ends[:-1], ends)]  # (slices: np.split costs far more)
-
 
 class EncoderProcess:
     """An :class:`Engine` in a child process (module docstring).
@@ -67,21 +60,20 @@ class EncoderProcess:
 
     def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True,
                  template: tuple | None = None):
-        #: with a template: where this process's stage and the child are in a chunk's requests
-        self.board = None
-        if template is not None:
-            try:
-                self.board = ahead_board.Board()
-            except OSError:  # no temporary file: the stage takes what is ready when it reaches a chunk
-                pass
-        self._proc = child.spawn("replay.text.encoder", str(path), backend, "1" if fast_from_file else "0",
-                                 "1" if add_markers else "0", pass_fds=(self.board.fd,) if self.board else ())
+        mine, theirs = socket.socketpair()
+        try:
+            self._proc = child.spawn("replay.text.encoder", str(theirs.fileno()), str(path), backend,
+                                     "1" if fast_from_file else "0", "1" if add_markers else "0",
+                                     pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        self._wire = _Wire(Connection(mine.detach()), Answer)
         self._lock = threading.Lock()
         self._info: dict | None = None
         self._warm_sent = 0
         self._ahead_sent = 0
         self._closed = False
-        # Frames go out through one sender thread, in order: a write blocks while
+        # Messages go out through one sender thread, in order: a write blocks while
         # the child cannot read (while it loads), and ingest handing over parts
         # must not wait for that.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -89,125 +81,115 @@ class EncoderProcess:
         self._sender = threading.Thread(target=self._send_loop, daemon=True, name="replay-encoder-sender")
         self._sender.start()
         if template is not None:  # (source, origin, specials): requests are rendered ahead with it
-            self._send(("template", template, None if self.board is None else self.board.fd))
+            self._send(Template(*template))
 
     def info(self) -> dict:
         """vocab_size, marker_ids, markers_added (waits for the child to be ready)."""
         if self._info is None:
             with self._lock:
                 if self._info is None:
-                    self._info = self._reply()
+                    self._info = self._reply(Ready).info
         return self._info
 
-    def _reply(self):
+    def _reply(self, kind):
         try:
-            msg = child.read_frame(self._proc.stdout)
-        except (EOFError, OSError, pickle.UnpicklingError):
+            msg = self._wire.recv()
+        except (EOFError, OSError, msgspec.DecodeError):
             raise EncoderGone("the encoder process ended") from None
-        if msg[0] == "error":
-            raise (TokenizerUnusable if msg[1].startswith((LOAD_FAILED, ENCODE_FAILED)) else RuntimeError)(msg[1])
-        return msg[1]
+        if isinstance(msg, Failed):
+            raise (TokenizerUnusable if msg.message.startswith((LOAD_FAILED, ENCODE_FAILED)) else RuntimeError)(
+                msg.message)
+        if not isinstance(msg, kind):
+            raise EncoderGone(f"the encoder process answered {type(msg).__name__}, not {kind.__name__}")
+        return msg
 
     def _send_loop(self) -> None:
         while True:
             msg = self._outbox.get()
             if msg is None:
                 return
-            if self._gone or (self._closed and msg[0] in ("warm", "ahead")):
+            if self._gone or (self._closed and isinstance(msg, _HINTS)):
                 continue  # nobody to send to, or only hints nobody will take
             try:
-                child.write_frame(self._proc.stdin, msg)
-            except (BrokenPipeError, OSError, ValueError):
-                self._gone = True  # a caller waiting for a reply gets EOF: EncoderGone
+                self._wire.send(msg)
+            except Exception:  # noqa: BLE001 - a broken connection, or a message that cannot be sent
+                self._gone = True
+                self._wire.conn.close()  # a caller waiting for an answer gets EOF: EncoderGone
 
-    def _send(self, msg) -> None:
+    def _send(self, msg: _Message) -> None:
         if self._gone:
             raise EncoderGone("the encoder process ended")
         self._outbox.put(msg)
 
-    def _ask(self, msg):
+    def _ask(self, msg: _Message, kind):
         self.info()
         with self._lock:
             self._send(msg)
-            return self._reply()
+            return self._reply(kind)
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        return _unpack(*self._ask(("encode", texts)))
+        got = self._ask(Encode([wire_text(t) for t in texts]), Tokens)
+        return _unpack(got.flat, got.lengths)
 
-    def warm(self, parts: list[tuple[int, str, str]]) -> None:
-        """Hand over (blob id, kind, JSON text) body parts to prepare ahead; no reply.
+    def warm(self, parts: list[Part]) -> None:
+        """Hand over (blob id, kind, JSON text) body parts to prepare ahead; no answer.
         Past ``WARM_SEND_CHARS`` in all, parts are no longer sent: the helper could
         not keep them (``PREPARED_TOKENS``), and sending costs this process time."""
         size = sum(len(t) for _, _, t in parts)
         if self._warm_sent + size > WARM_SEND_CHARS:
             return
         self._warm_sent += size
-        with self._lock:
-            self._send(("warm", parts))
+        self._send(Warm([(b, k, wire_text(t)) for b, k, t in parts]))
 
-    def warm_requests(self, blobs: list[tuple[int, str, str]], requests: list[tuple]) -> None:
+    def warm_requests(self, blobs: list[Part], requests: list[tuple]) -> None:
         """Hand over requests (id, ts_us, format, part ids) to render ahead with
         the template, with the parts (id, kind, text) no earlier request brought;
-        no reply (``replay.text.template_ahead``). One frame (ingest's writer
-        hands over a few dozen requests at a time); past ``WARM_SEND_CHARS`` of
+        no answer (``replay.text.template_ahead``). Past ``WARM_SEND_CHARS`` of
         parts in all, nothing more is sent."""
         size = sum(len(t) for _, _, t in blobs)
         if self._ahead_sent + size > WARM_SEND_CHARS:
             return
         self._ahead_sent += size
-        with self._lock:
-            self._send(("ahead", blobs, requests))
+        self._send(Ahead([(b, k, wire_text(t)) for b, k, t in blobs],
+                         [(r, ts, fmt, list(b)) for r, ts, fmt, b in requests]))
 
     def take_requests(self, request_ids: list[int], through: int) -> tuple[dict[int, tuple], dict]:
         """The requests among ``request_ids`` rendered ahead: id → (ts_us, format,
         part ids, segment ids, parts), and seg id → tokens of their segments not
         handed over before; the rest, and every request up to ``through``, are
         the caller's to render."""
-        rids, rest, (segs, seg_lengths), (parts, _), tok_ids, packed = self._ask(("requests", request_ids, through))
-        segs, parts = _unpack(segs, seg_lengths, "<u8"), _unpack(parts, seg_lengths)
-        return ({rid: (*r, s, p) for rid, r, s, p in zip(rids, rest, segs, parts)},
-                dict(zip(tok_ids, _unpack(*packed))))
-
-    def encode_for_stage(self, texts: dict[int, str]) -> None:
-        """New texts (segment id → text) of requests the caller rendered: the child
-        encodes them between its own, and hands their tokens over with the next
-        :meth:`take_requests`; no reply."""
-        with self._lock:
-            self._send(("encode_for_stage", texts))
+        got = self._ask(TakeRequests(request_ids, through), Requests)
+        segs, parts = _unpack(got.seg_ids, got.lengths, "<u8"), _unpack(got.parts, got.lengths)
+        return ({rid: (*r, s, p) for rid, r, s, p in zip(got.ids, got.rest, segs, parts)},
+                dict(zip(got.tokens.ids, _unpack(got.tokens.flat, got.tokens.lengths))))
 
     def take_blobs_flat(self, blob_ids: list[int]) -> PreparedBlobs:
         """The prepared parts among ``blob_ids``, as flat arrays (no array per part:
         the tokenize stage adds them to its pools as they are)."""
-        ids, kinds, (segs, seg_lengths), (parts, _) = self._ask(("blobs", blob_ids))
-        return PreparedBlobs(ids, kinds, np.frombuffer(segs, dtype="<u8").astype(np.uint64),
-                             np.frombuffer(seg_lengths, dtype="<i8").astype(np.int64),
-                             np.frombuffer(parts, dtype="<i4").astype(np.int32))
+        got = self._ask(TakeBlobs(blob_ids), Blobs)
+        return PreparedBlobs(got.ids, got.kinds, np.frombuffer(got.seg_ids, dtype="<u8").astype(np.uint64),
+                             np.frombuffer(got.lengths, dtype="<i8").astype(np.int64),
+                             np.frombuffer(got.parts, dtype="<i4").astype(np.int32))
 
     def take_segments(self, seg_ids: list[int]) -> dict:
         """seg id → tokens (int32) of the prepared ones among ``seg_ids``."""
-        ids, packed = self._ask(("segments", seg_ids))
-        return dict(zip(ids, _unpack(*packed)))
+        got = self._ask(TakeSegments(seg_ids), Tokens)
+        return dict(zip(got.ids, _unpack(got.flat, got.lengths)))
 
-    def settle(self) -> None:
-        """Start the checks that wait for the reference (no reply; see :meth:`Engine.settle`)."""
-        with self._lock:
-            self._send(("settle",))
-
-    def verdict(self) -> list[str]:
-        """What the waiting checks found wrong (waits for them; see :meth:`Engine.settle`)."""
-        return self._ask(("verdict",))
+    def release(self) -> None:
+        """The tokenize stage is done with what was prepared (no answer)."""
+        self._send(Release())
 
     def describe(self) -> str:
-        return self._ask(("describe",))
+        return self._ask(Describe(), Text).text
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            self._outbox.put(None)  # pending warm parts are dropped; a frame being written finishes
+            self._outbox.put(None)  # pending warm parts are dropped; a message being written finishes
             self._sender.join(timeout=5)
+            self._wire.conn.close()  # the child reads its end of input, and leaves
             child.stop(self._proc)
-            if self.board is not None:
-                self.board.close()
 
     def __del__(self):  # pragma: no cover - best effort at interpreter exit
         try:
@@ -327,10 +309,11 @@ def _take(store: dict, keys) -> dict:
 class _Inbox:
     """The child's order of work (not thread-safe: the caller holds a lock).
 
-    Warm parts are prepared in arrival order. A request the parent waits for
-    goes ahead of them, except a ``blobs`` one naming parts still queued (or
-    being prepared): it waits until those are done, so the tokenize stage works
-    on its first chunk while the helper prepares the later ones.
+    Hints (warm parts, requests ahead) are handled in arrival order. An ask the
+    parent waits for goes ahead of them, except a :class:`TakeBlobs` naming
+    parts still queued (or being prepared): it waits until those are done, so
+    the tokenize stage works on its first chunk while the helper prepares the
+    later ones.
     """
 
     def __init__(self, backlog_chars: int | None = None):
@@ -341,23 +324,28 @@ class _Inbox:
         self.warm_chars = 0
         self.eof = False
 
-    def put(self, msg) -> None:
+    def put(self, msg: _Message | None) -> None:
         """A message from the parent (None: its end of input)."""
         if msg is None:
             self.eof = True
-        elif msg[0] in ("warm", "ahead"):
-            size = sum(len(t) for _, _, t in msg[1])
+        elif isinstance(msg, _HINTS):
+            size = sum(len(t) for _, _, t in msg.parts)
             if self.warm_chars + size <= self.backlog_chars:  # else dropped: only a hint
                 self.warm.append(msg)
-                if msg[0] == "warm":
-                    self.pending.update(bid for bid, _, _ in msg[1])
+                if isinstance(msg, Warm):
+                    self.pending.update(bid for bid, _, _ in msg.parts)
                 self.warm_chars += size
         else:
             self.asks.append(msg)
 
-    def next(self):
+    def ready(self) -> bool:
+        """The first ask may be answered now."""
+        return bool(self.asks) and not (isinstance(self.asks[0], TakeBlobs)
+                                        and any(b in self.pending for b in self.asks[0].ids))
+
+    def next(self) -> _Message | None:
         """The message to handle now, or None (nothing to do yet, or end of input)."""
-        if self.asks and (self.asks[0][0] != "blobs" or not any(b in self.pending for b in self.asks[0][1])):
+        if self.ready():
             return self.asks.popleft()
         if self.eof:
             return None
@@ -367,11 +355,11 @@ class _Inbox:
         """The parent waits for an answer."""
         return bool(self.asks)
 
-    def done(self, msg) -> None:
-        """A warm message has been handled."""
-        if msg[0] == "warm":
-            self.pending.difference_update(bid for bid, _, _ in msg[1])
-        self.warm_chars -= sum(len(t) for _, _, t in msg[1])
+    def done(self, msg: _Message) -> None:
+        """A hint has been handled."""
+        if isinstance(msg, Warm):
+            self.pending.difference_update(bid for bid, _, _ in msg.parts)
+        self.warm_chars -= sum(len(t) for _, _, t in msg.parts)
 
 
 def _give_back_memory() -> None:
@@ -389,17 +377,7 @@ def _give_back_memory() -> None:
 
 
 def _load_engine(path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> tuple[Engine, dict]:
-    """The engine, and the tokenizer's info (vocab_size, marker_ids, markers_added).
-
-    Loading the reference takes a while before anything could be encoded. When
-    the JSON alone says what encoding needs, the engine starts without it; the
-    parent asks for the checks that wait for it (settle) once it is done taking
-    prepared parts, and for their outcome (verdict) before it trusts the
-    stage's rows."""
-    facts = json_facts(Path(path).read_bytes()) if backend in ("auto", "tiktoken") else None
-    if facts is not None:
-        return (Engine(lambda: load_reference(path), source=path if fast_from_file else None, backend=backend,
-                       facts=facts), facts.info)
+    """The engine, and the tokenizer's info (vocab_size, marker_ids, markers_added)."""
     tk = load_reference(path)
     info = prepare_tokenizer(tk, path, add_markers)
     source = path if (fast_from_file and not info["markers_added"]) else None
@@ -410,81 +388,72 @@ class _Child:
     """The child's side: answers the parent's messages, one at a time, in the
     order :class:`_Inbox` gives them."""
 
-    def __init__(self, engine: Engine, info: dict, proto_out, path: str = ""):
+    def __init__(self, engine: Engine, info: dict, wire: _Wire, path: str = ""):
         self.engine = engine
         self.prepared = Prepared(engine, info)
         self.ahead: template_ahead.RequestsAhead | None = None
         self.path = path
-        self.out = proto_out
-        self.between = None  # answers the parent's asks for rendered requests (``_serve``)
+        self.wire = wire
+        self.between = None  # answers the parent's asks between two requests rendered ahead (``_serve``)
 
-    def handle(self, msg, waiting: bool) -> None:
+    def handle(self, msg: _Message, waiting: bool) -> None:
         """Do what ``msg`` asks; ``waiting``: the parent waits for an answer now."""
-        kind = msg[0]
-        if kind == "warm":
+        if isinstance(msg, _HINTS):
+            self.engine.expect_work()  # (ingest goes on: enough text will come for fastokens to pay)
+        if isinstance(msg, Warm):
             # beside the parent's ingest: one thread; if the parent already waits, both cores
             os.environ["TOKENIZERS_PARALLELISM"] = "true" if waiting else "false"
-            self.prepared.add(msg[1])  # body parts found by ingest: render, then encode ahead
-        elif kind == "ahead":
+            self.prepared.add([(b, k, text_of(t)) for b, k, t in msg.parts])  # found by ingest: render, encode
+        elif isinstance(msg, Ahead):
             if self.ahead is not None:
                 os.environ["TOKENIZERS_PARALLELISM"] = "false"
-                self.ahead.add(msg[1], msg[2], self.between)
-        elif kind == "template":
+                self.ahead.add([(b, k, text_of(t)) for b, k, t in msg.parts], msg.requests, self.between)
+        elif isinstance(msg, Template):
             try:
-                self.ahead = template_ahead.RequestsAhead(self.engine, msg[1], self.path,
-                                                          None if msg[2] is None else ahead_board.Board(msg[2]))
+                self.ahead = template_ahead.RequestsAhead(self.engine, (msg.source, msg.origin, msg.specials),
+                                                          self.path)
             except Exception as exc:  # noqa: BLE001 - the stage renders every request itself
                 print(f"tokenize: the encoder process cannot render ahead ({type(exc).__name__}: {exc})",
                       file=sys.stderr)
-        elif kind == "requests":
-            got, tokens = self.ahead.take(msg[1], msg[2]) if self.ahead is not None else ({}, {})
-            self._reply(lambda: (list(got), [v[:3] for v in got.values()], _pack([v[3] for v in got.values()], "<u8"),
-                                 _pack([v[4] for v in got.values()]), list(tokens), _pack(list(tokens.values()))))
-        elif kind == "encode_for_stage":  # (no reply: the tokens go with the next "requests")
-            try:
-                if self.ahead is not None:
-                    self.ahead.encode_for_stage(msg[1])
-            except Exception:  # noqa: BLE001 - a hint: the stage encodes them itself, and reports a failure
-                pass
-        elif kind == "encode":
+        elif isinstance(msg, TakeRequests):
+            self._answer(lambda: self._requests(msg))
+        elif isinstance(msg, Encode):
             os.environ["TOKENIZERS_PARALLELISM"] = "true"
-            self._reply(lambda: _pack(self.engine.encode(msg[1])), ENCODE_FAILED)
-        elif kind == "blobs":
-            got = self.prepared.take_blobs(msg[1])
+            self._answer(lambda: Tokens(*_pack(self.engine.encode([text_of(t) for t in msg.texts]))), ENCODE_FAILED)
+        elif isinstance(msg, TakeBlobs):
+            got = self.prepared.take_blobs(msg.ids)
             kinds, segs, parts = zip(*got.values()) if got else ((), (), ())
-            self._reply(lambda: (list(got), list(kinds), _pack(list(segs), "<u8"), _pack(list(parts))))
-        elif kind == "segments":
-            got = self.prepared.take_segments(msg[1])
+            self._answer(lambda: Blobs(list(got), list(kinds), *_pack(list(segs), "<u8"), _pack(list(parts))[0]))
+        elif isinstance(msg, TakeSegments):
+            got = self.prepared.take_segments(msg.ids)
             if self.ahead is not None:
-                got.update(self.ahead.take_segments([s for s in msg[1] if s not in got]))
-            self._reply(lambda: (list(got), _pack(list(got.values()))))
-        elif kind == "settle":
-            self._settle()
-        elif kind == "verdict":
-            os.environ["TOKENIZERS_PARALLELISM"] = "true"
-            self._reply(self.engine.settle, "checking failed")
-        elif kind == "describe":
-            self._reply(self._describe)
+                got.update(self.ahead.take_segments([s for s in msg.ids if s not in got]))
+            self._answer(lambda: _tokens(got))
+        elif isinstance(msg, Release):
+            self._release()
+        elif isinstance(msg, Describe):
+            self._answer(lambda: Text(self._describe()))
 
-    def _reply(self, answer, failing: str = "failed") -> None:
+    def _requests(self, msg: TakeRequests) -> Requests:
+        got, tokens = self.ahead.take(msg.ids, msg.through) if self.ahead is not None else ({}, {})
+        segs, lengths = _pack([v[3] for v in got.values()], "<u8")
+        return Requests(list(got), [v[:3] for v in got.values()], segs, lengths,
+                        _pack([v[4] for v in got.values()])[0], _tokens(tokens))
+
+    def _answer(self, answer, failing: str = "failed") -> None:
         try:
-            reply = ("ok", answer())
+            reply = answer()
         except Exception as exc:  # noqa: BLE001 - reported to the parent
-            reply = ("error", f"{failing}: {type(exc).__name__}: {exc}")
-        child.write_frame(self.out, reply)
+            reply = Failed(f"{failing}: {type(exc).__name__}: {exc}")
+        self.wire.send(reply)
 
-    def _settle(self) -> None:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # beside the parent's next stage
-        # this process lives on beside the replay: first it gives back what the
-        # stage no longer needs
+    def _release(self) -> None:
+        # this process lives on beside the replay: it gives back what the stage no longer needs
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
         if self.ahead is not None:
             self.ahead.release()
         self.engine.release()
         _give_back_memory()
-        try:
-            self.engine.settle()
-        except Exception:  # noqa: BLE001 - raised again, and reported, by the verdict
-            pass
 
     def _describe(self) -> str:
         st = self.prepared.stats
@@ -494,30 +463,32 @@ class _Child:
         return self.engine.describe() + ahead + (self.ahead.describe() if self.ahead is not None else "")
 
 
-def _serve(path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> None:
-    """The child: protocol on the original stdout; anything printed goes to stderr."""
+def _serve(fd: int, path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> None:
+    """The child: the protocol on the connection ``fd``; anything printed goes to stderr."""
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     # Warming runs beside the parent's ingest: one encoder thread and a lower
-    # priority keep the parent's core its own; a request the parent waits for
+    # priority keep the parent's core its own; an ask the parent waits for
     # gets both cores (tokenizers reads TOKENIZERS_PARALLELISM on every call).
     try:
         os.nice(5)
     except OSError:  # pragma: no cover
         pass
-    proto_in, proto_out = child.protocol_streams()
+    wire = _Wire(Connection(fd), Ask)
     try:
         engine, info = _load_engine(path, backend, fast_from_file, add_markers)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
-        child.write_frame(proto_out, ("error", f"{LOAD_FAILED} {path}: {type(exc).__name__}: {exc}"))
+        wire.send(Failed(f"{LOAD_FAILED} {path}: {type(exc).__name__}: {exc}"))
         return
-    child.write_frame(proto_out, ("ok", info))
-    worker = _Child(engine, info, proto_out, path)
+    wire.send(Ready(info))
+    worker = _Child(engine, info, wire, path)
     cond = threading.Condition()
     inbox = _Inbox()
 
-    def reader() -> None:  # reads promptly, so the parent never waits on a full pipe
+    def reader() -> None:  # reads promptly, so the parent never waits on a full buffer
         while True:
             try:
-                msg = child.read_frame(proto_in)
+                msg = wire.recv()
             except (EOFError, OSError):
                 # The parent closed its end, or died: nobody will read another
                 # answer, so leave now rather than after the work in hand (a
@@ -531,10 +502,10 @@ def _serve(path: str, backend: str, fast_from_file: bool, add_markers: bool = Tr
     def between() -> None:
         """Between two requests rendered ahead: the parent's asks are answered
         now, not after the work in hand (but an ask for body parts, which may
-        wait for parts queued: ``_Inbox.next``)."""
+        wait for parts queued: ``_Inbox.ready``)."""
         while True:
             with cond:
-                if not inbox.asks or inbox.asks[0][0] == "blobs":
+                if not inbox.ready():
                     return
                 msg = inbox.asks.popleft()
             worker.handle(msg, True)
@@ -551,13 +522,13 @@ def _serve(path: str, backend: str, fast_from_file: bool, add_markers: bool = Tr
         try:
             worker.handle(msg, waiting)
         finally:
-            if msg[0] == "warm":
+            if isinstance(msg, _HINTS):
                 with cond:
                     inbox.done(msg)
 
 
 if __name__ == "__main__":
     try:
-        _serve(sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4:5] != ["0"])
-    except BrokenPipeError:  # the parent left before an answer: nobody to tell
+        _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5:6] != ["0"])
+    except (BrokenPipeError, ConnectionResetError):  # the parent left before an answer: nobody to tell
         os._exit(0)

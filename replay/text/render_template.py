@@ -69,6 +69,7 @@ Replies (``render_output``) are the neutral rendering's texts without its marker
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -81,7 +82,7 @@ import numpy as np
 
 from replay.text import template_env
 from replay.text.render import Piece, render_output
-from replay.text.template_messages import template_messages
+from replay.text.template_messages import Written, template_messages
 from replay.text.splitter import WHOLE_TEXT_ENV, Splitter  # noqa: F401 - WHOLE_TEXT_ENV: named here too
 
 #: bumped whenever the mapping of bodies or the rendering changes what a template sees
@@ -144,6 +145,16 @@ class ChatTemplate:
         h.update(MAPPING_VERSION.encode())
         return h.hexdigest()[:12]
 
+    @functools.cached_property
+    def compiled(self):
+        """The template compiled (:func:`compile_template`), once per object."""
+        return compile_template(self.source)
+
+    @functools.cached_property
+    def alias(self):
+        """How transformers aliases a message's reasoning (``template_env``), looked up once per object."""
+        return template_env.reasoning_alias()
+
     @property
     def reads_blocks(self) -> bool:
         """Does the template loop over a message's content (content as blocks)?"""
@@ -203,137 +214,73 @@ def check_syntax(source: str) -> None:
         raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
 
 
-def _transformers_environment():
-    """transformers' chat-template environment (``template_env``)."""
+def compile_template(source: str):
+    """``source`` compiled in transformers' environment (``template_env``),
+    its attribute lookup taking the common cases first (:func:`_plain_lookup`)
+    and the JSON of what a body part maps to written once
+    (``template_messages.Written``)."""
     try:
-        return template_env.environment()
+        base = template_env.environment()
     except ImportError as exc:  # pragma: no cover - transformers is a dependency
         raise TemplateError(f"--chat-template needs transformers ({exc})") from None
-
-
-_FAST: dict[str, Any] = {}
-#: objects the tokenize stage guarantees unchanged while it runs (``freeze_inputs``):
-#: per-object results (``tojson``) are remembered by ``id`` only while this is set
-_FROZEN = [False]
-_TOJSON_MEMO: dict[int, tuple[Any, str]] = {}
-_TOJSON_MEMO_MAX = 50_000
-#: logged messages and tools mapped to the template's shape, per object (``template_messages``)
-_MAPPED: dict = {}
-#: (message id, index) → (message, its tracked copy), while frozen (``_tracked``)
-_TRACKED: dict = {}
-#: chains of ``+`` remembered per object while frozen (``template_concat.ChainMemo``), made with the first template
-_CHAINS = None
-
-
-def freeze_inputs(on: bool) -> None:
-    """``True``: until called with ``False``, the bodies handed to
-    :func:`render_chunks` (and every object inside them) are never changed by
-    the caller, so a template's ``tojson`` of a dict or list is remembered per
-    object (the tokenize stage hands the same parsed tools and messages to many
-    requests). ``False``: back to rendering every object afresh."""
-    _FROZEN[0] = on
-    forget_frozen()
-
-
-def forget_frozen() -> None:
-    """Drop what is remembered per object (the caller lets go of its objects),
-    and the glued pieces (``_glued``: memory given back with the rest)."""
-    _TOJSON_MEMO.clear()
-    _GLUED.clear()
-    _GLUED_CHARS[0] = 0
-    _MAPPED.clear()
-    _TRACKED.clear()
-    if _CHAINS is not None:
-        _CHAINS.clear()
-
-
-def _fast_compiled(source: str):
-    """The template compiled in a copy of transformers' environment whose
-    attribute lookup takes a shortcut for plain dicts, the tracked messages
-    and namespaces (the sandbox's own rules give the same value for them: no
-    callable, no underscore name is ever returned by the shortcut) and whose
-    ``tojson`` remembers its result per unchanged object (``freeze_inputs``);
-    the rendered text is the same."""
-    got = _FAST.get(source)
-    if got is not None:
-        return got
-    base = _transformers_environment()
     env = base.overlay()
-    env.filters = dict(base.filters)
-    env.globals = dict(base.globals)
-    slow_getattr = env.getattr
+    quick = _plain_lookup(base)
+    if quick is not None:  # (``Written.json`` is then out of the templates' sight)
+        env.getattr = quick
+        env.filters = dict(base.filters)
+        tojson = base.filters["tojson"]
+
+        def tojson_(x, *args, **kwargs):
+            if type(x) is not Written or args or kwargs:
+                return tojson(x, *args, **kwargs)
+            if x._json is None:
+                x._json = tojson(x)
+            return x._json
+
+        env.filters["tojson"] = tojson_
+    try:
+        return env.from_string(source)
+    except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
+        raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
+
+
+def _plain_lookup(env):
+    """``env.getattr`` (jinja's sandbox: ``SandboxedEnvironment.getattr``, the
+    lookup of ``x.name`` in a template), with two cases first that give what it
+    gives: a plain dict (or tracked message, or ``Written``: its ``_json`` is not
+    the templates') has no attribute but its type's, so
+    for any other name ``d.name`` is ``d["name"]``, else undefined; a namespace's
+    value under a name without an underscore is returned when it is a plain
+    value (the sandbox's checks pass every such value). Anything else goes to
+    ``env.getattr``; None for an environment whose lookup is not the sandbox's own."""
+    from jinja2.sandbox import SandboxedEnvironment
+
+    sandbox = env.getattr
+    if getattr(type(env), "getattr", None) is not SandboxedEnvironment.getattr:
+        return None
     undefined = env.undefined
-    namespace = base.globals.get("namespace")
-    check_name = getattr(namespace, "_check_name", None)
-    if isinstance(namespace, type) and check_name is not None:
-        class FastNamespace(namespace):
-            """transformers' namespace, its ``set ns.x = …`` one call instead of three."""
-
-            def __setitem__(self, name, value):
-                if type(name) is not str or name[:1] == "_":
-                    check_name(name)  # (raises for a name the sandbox refuses)
-                object.__getattribute__(self, "_Namespace__attrs")[name] = value
-
-            if _compiled is not None:
-                __setitem__ = _compiled.make_ns_setitem(check_name)  # noqa: F811 - the same, compiled
-
-        env.globals["namespace"] = FastNamespace
-        namespaces = (namespace, FastNamespace)
-    else:
-        namespaces = (namespace,)
-    dict_names, read_names = frozenset(dir(dict)), frozenset(dir(_Tracked))
+    namespace = env.globals.get("namespace")
+    own = {dict: frozenset(dir(dict)), _Tracked: frozenset(dir(_Tracked)), Written: frozenset(dir(dict))}
     plain = (str, int, bool, float, type(None), list, dict, tuple)
 
     def getattr_(obj, attribute):
-        t = type(obj)
-        if t is dict or t is _Tracked:  # (no instance attributes: ``dir`` of the type names them all)
-            if attribute not in (dict_names if t is dict else read_names):
+        names = own.get(type(obj))
+        if names is not None:
+            if attribute not in names:
                 try:
                     return obj[attribute]
                 except KeyError:
                     return undefined(obj=obj, name=attribute)
-        elif t in namespaces and attribute[:1] != "_":
-            attrs = object.__getattribute__(obj, "_Namespace__attrs")
-            if attribute in attrs:
-                value = attrs[attribute]
-                if type(value) in plain:
-                    return value
-        return slow_getattr(obj, attribute)
+        elif type(obj) is namespace and attribute[:1] != "_":
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return undefined(obj=obj, name=attribute)
+            if type(value) in plain:
+                return value
+        return sandbox(obj, attribute)
 
-    env.getattr = getattr_
-    tojson = base.filters["tojson"]
-
-    def tojson_(x, *args, **kwargs):
-        if not _FROZEN[0] or args or kwargs or type(x) not in (dict, list):
-            return tojson(x, *args, **kwargs)
-        hit = _TOJSON_MEMO.get(id(x))
-        if hit is not None and hit[0] is x:  # (held here: its id is not reused meanwhile)
-            return hit[1]
-        out = tojson(x)
-        if len(_TOJSON_MEMO) >= _TOJSON_MEMO_MAX:
-            _TOJSON_MEMO.clear()
-        _TOJSON_MEMO[id(x)] = (x, out)
-        return out
-
-    env.filters["tojson"] = tojson_
-    if _compiled is not None:  # (the same three, compiled)
-        env.getattr = _compiled.make_getattr(dict_names, read_names, namespaces, plain, undefined, slow_getattr)
-        env.getitem = _compiled.make_getitem(env.getitem)
-        env.filters["tojson"] = _compiled.make_tojson(tojson, _FROZEN, _TOJSON_MEMO, _TOJSON_MEMO_MAX)
-    from replay.text import template_concat  # (jinja2's compiler: templates only)
-
-    env.code_generator_class = template_concat.ConcatGenerator  # (chains of ``+`` joined at once)
-    env.concat_start, env.concat_step, env.concat_end = (
-        template_concat.concat_start, template_concat.concat_step, template_concat.concat_end)
-    global _CHAINS
-    if _CHAINS is None:
-        _CHAINS = template_concat.ChainMemo(_FROZEN)
-    env.concat_memo, env.concat_pure_filters = _CHAINS, ("tojson",)  # (tojson_: a function of its object)
-    try:
-        got = _FAST[source] = env.from_string(source)
-    except Exception as exc:  # noqa: BLE001 - jinja's TemplateSyntaxError and friends
-        raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
-    return got
+    return getattr_
 
 
 def template_now(ts_us: int | None) -> dict:
@@ -347,14 +294,13 @@ def template_now(ts_us: int | None) -> dict:
 _CONTENT_KEYS = frozenset(("content", "tool_calls", "reasoning_content"))
 
 
-class _PyTracked(dict):
+class _Tracked(dict):
     """A message that notes its reads in the window ``w`` shared by all
     messages: ``[last read, first read, last content-like read, several read]``
-    (indices; ``render_chunks`` opens a new window at each written chunk).
-    ``replay.text._rendering.Tracked`` is the same compiled (used when built)."""
+    (indices; ``render_chunks`` opens a new window at each written chunk)."""
     __slots__ = ("_index", "_w")
 
-    def _note(self, key) -> None:
+    def __getitem__(self, key):
         w, i = self._w, self._index
         w[0] = i
         if w[1] is None:
@@ -363,21 +309,13 @@ class _PyTracked(dict):
             w[3] = True
         if key in _CONTENT_KEYS:
             w[2] = i
-
-    def __getitem__(self, key):
-        self._note(key)
         return dict.__getitem__(self, key)
 
     def get(self, key, default=None):
-        self._note(key)
-        return dict.get(self, key, default)
-
-
-try:  # (compiled: no Python frame per read or bytecode loop per piece; setup.py)
-    from replay.text import _rendering as _compiled
-except ImportError:  # pragma: no cover - the extension is optional
-    _compiled = None
-_Tracked = _compiled.Tracked if _compiled is not None else _PyTracked
+        try:
+            return self[key]
+        except KeyError:
+            return default
 
 
 def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | None
@@ -385,43 +323,21 @@ def render_chunks(tpl: ChatTemplate, body: dict, fmt: str | None, ts_us: int | N
     """The rendered text as ``(chunk, message index)`` in order (index ``-1``:
     written before the template read any message), and each template
     message's part (``template_messages``)."""
-    messages, tools, origin = template_messages(body, fmt, tpl.reads_blocks, _MAPPED if _FROZEN[0] else None)
+    messages, tools, origin = template_messages(body, fmt, tpl.reads_blocks)
     return render_messages(tpl, messages, tools, ts_us), origin
-
-
-def _tracked(m: dict, j: int, w: list) -> "_Tracked":
-    """Message ``m`` at index ``j`` aliased and tracked (``render_messages``),
-    remembered per object and index while the inputs are frozen (a template
-    cannot change a message: the sandbox refuses it); only its window is this
-    render's."""
-    key = (id(m), j)
-    hit = _TRACKED.get(key)
-    if hit is not None and hit[0] is m:
-        t = hit[1]
-    else:
-        t = _Tracked(template_env.alias_reasoning([m])[0])
-        t._index = j
-        if len(_TRACKED) >= _TOJSON_MEMO_MAX:
-            _TRACKED.clear()
-        _TRACKED[key] = (m, t)
-    t._w = w
-    return t
 
 
 def render_messages(tpl: ChatTemplate, messages: list[dict], tools: list | None, ts_us: int | None,
                     add_generation_prompt: bool = True) -> list[tuple[str, int]]:
     """:func:`render_chunks` of messages already in the template's shape."""
     w = [None, None, None, False]  # the reads since the last chunk written (``_Tracked``)
-    if _FROZEN[0] and template_env.uses_copy():  # (the copy aliases each message on its own)
-        tracked = [_tracked(m, j, w) for j, m in enumerate(messages)]
-    else:
-        tracked = []
-        for j, m in enumerate(template_env.alias_reasoning(messages)):
-            t = _Tracked(m)
-            t._index, t._w = j, w
-            tracked.append(t)
+    tracked = []
+    for j, m in enumerate(tpl.alias(messages)):
+        t = _Tracked(m)
+        t._index, t._w = j, w
+        tracked.append(t)
     variables = {**tpl.specials, **template_now(ts_us)}
-    gen = _fast_compiled(tpl.source).generate(messages=tracked, tools=tools, documents=None,
+    gen = tpl.compiled.generate(messages=tracked, tools=tools, documents=None,
                                               add_generation_prompt=add_generation_prompt, **variables)
     chunks = []
     cur = -1
@@ -459,7 +375,8 @@ def pieces_of(splitter: Splitter, chunks: list[tuple[str, int]], origin: list[in
             parts.append(part)
             last = part
         pos += len(c)
-    at, pieces = splitter.memo.pieces(text, starts[1:])
+    got = splitter.pieces(text)
+    at, pieces = [s for s, _ in got], [p for _, p in got]
     if len(parts) <= 1:
         of = [parts[0] if parts else 0] * len(pieces)
     else:
@@ -467,51 +384,33 @@ def pieces_of(splitter: Splitter, chunks: list[tuple[str, int]], origin: list[in
     return _glued(pieces, of, splitter.cut_at)
 
 
-#: runs of pieces glued before → their text (the same string each time: its hash is computed once)
-_GLUED: dict[tuple, str] = {}
-_GLUED_CHARS = [0]
-_GLUED_MAX_CHARS = 8_000_000
-
-
 def _glued(pieces: list[str], of: list[int], cut_at: set) -> list[Piece]:
     """The pieces as ``("text", str, part)``, each run of added tokens glued to
     the piece after it when all are in one part: ``tokenizers`` cuts at an
     added token anyway, so the glued text's ids are the token's, then the
     rest's — the same ids in fewer segments."""
-    if _compiled is not None:
-        return _compiled.glued(pieces, of, cut_at, _GLUED, _GLUED_CHARS, _GLUED_MAX_CHARS)
     out = []
     n, i = len(pieces), 0
     while i < n:
         p, part = pieces[i], of[i]
+        j = i + 1
         if p in cut_at:
-            j = i + 1
             while j < n and of[j] == part and pieces[j] in cut_at:
                 j += 1
             if j < n and of[j] == part:
                 j += 1
-            if j - i > 1:
-                key = tuple(pieces[i:j])
-                text = _GLUED.get(key)
-                if text is None:
-                    if _GLUED_CHARS[0] > _GLUED_MAX_CHARS:
-                        _GLUED.clear()
-                        _GLUED_CHARS[0] = 0
-                    text = _GLUED[key] = "".join(key)
-                    _GLUED_CHARS[0] += len(text)
-                out.append(("text", text, part))
-                i = j
-                continue
-        out.append(("text", p, part))
-        i += 1
+        out.append(("text", "".join(pieces[i:j]) if j - i > 1 else p, part))
+        i = j
     return out
 
 
 class TemplateRenderer:
-    """``render_request(body, fmt, ts_us)`` → pieces, for one template and tokenizer."""
+    """``render_request(body, fmt, ts_us)`` → pieces, for one template and
+    tokenizer: the one object that holds what rendering remembers (the
+    compiled template, and the splitter's line runs: ``Splitter``)."""
 
-    def __init__(self, tpl: ChatTemplate, splitter: Splitter):
-        self.template, self.splitter = tpl, splitter
+    def __init__(self, tpl: ChatTemplate, tokenizer_json: str | Path):
+        self.template, self.splitter = tpl, Splitter.of_file(tokenizer_json)
 
     def render_request(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list[Piece]:
         return pieces_of(self.splitter, *render_chunks(self.template, body, fmt, ts_us))

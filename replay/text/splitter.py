@@ -8,14 +8,12 @@ pre-tokenizer cannot join across; see ``replay.text.render_template``).
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from replay.text.line_cuts import LineCuts
-from replay.text.piece_memo import PieceMemo
 from replay.text.tokenizer_json import _known
 
 #: a text between added tokens this long or longer is also cut into line chunks
@@ -44,46 +42,31 @@ class Splitter:
                        for rx in (group if isinstance(group, list) else [group])]
         # the pre-tokenizer the line argument holds for (``replay.text.render_template``'s docstring)
         self.lines = _known(pre_tokenizer, normalizer, [a.get("content") or "" for a in added])
-        self._lines = LineCuts()
-        self.memo = PieceMemo(self)
-        contents = {a["content"] for a in added if a.get("content")}
-        #: the longest added token (a match decided at a position reads at most this far)
-        self.longest = max(map(len, contents), default=0)
-        self._firsts = {c[0] for c in contents}
+        self._lines = LineCuts()  # (remembers the long runs it cut: a splitter belongs to one renderer)
 
     @classmethod
     def of_file(cls, tokenizer_json: str | Path) -> "Splitter":
-        """The splitter of a tokenizer.json (one per file and ``WHOLE_TEXT_ENV``
-        setting in a process: reading the file is the costly part)."""
-        return _splitter_of(str(tokenizer_json), os.environ.get(WHOLE_TEXT_ENV, ""))
+        """The splitter of a tokenizer.json."""
+        import msgspec
+
+        from replay.text.tokenizer_json import _JsonDoc
+
+        doc = msgspec.json.decode(Path(tokenizer_json).read_bytes(), type=_JsonDoc)
+        return cls(doc.added_tokens, doc.pre_tokenizer, doc.normalizer)
 
     def split(self, text: str) -> list[tuple[int, int]]:
         """``(start, end)`` of the pieces of ``text`` (none empty), in order."""
         return [(s, s + len(piece)) for s, piece in self.pieces(text)]
 
-    def pieces(self, text: str, start: int = 0, clean: list[int] | None = None) -> list[tuple[int, str]]:
-        """``(start, piece)`` of the pieces of ``text`` (none empty), in order (a
-        long piece seen before may be the very string it was then: its hash is
-        computed once). ``start``: only the pieces from there, where the scan
-        starts afresh — 0, the start of a token cut at
-        (:meth:`starts_afresh`) or the end of one. ``clean``: given, the
-        indices of the pieces that are tokens are appended (after each, the
-        scan starts afresh)."""
-        return self.scan(text, start, clean)[0]
-
-    def scan(self, text: str, start: int = 0, clean: list[int] | None = None,
-             matches: list[tuple[int, int]] | None = None) -> tuple[list[tuple[int, str]], list[tuple[int, int]]]:
-        """:meth:`pieces`, and the added tokens' matches (cut at or not:
-        :meth:`matches`) they were cut by; ``matches``: those, known already."""
+    def pieces(self, text: str) -> list[tuple[int, str]]:
+        """``(start, piece)`` of the pieces of ``text`` (none empty), in order."""
         if self.whole or (self._re is None and self._re_normalized is None):
-            return ([(start, text[start:])] if len(text) > start else []), []
-        if matches is None:
-            matches = self.matches(text, start, len(text))
+            return [(0, text)] if text else []
         out: list[tuple[int, str]] = []
-        pos = start
+        pos = 0
         between = self._lines.cut if self.lines else _one
         cut_at, append = self.cut_at, out.append
-        for s, e in matches:
+        for s, e in self._matches(text):
             piece = text[s:e]
             if piece not in cut_at:
                 continue
@@ -94,43 +77,16 @@ class Splitter:
                     between(text, pos, s, out)
             append((s, piece))
             pos = e
-            if clean is not None:
-                clean.append(len(out) - 1)
         if pos < len(text):
             if len(text) - pos < LINE_CHUNK_FROM:
                 append((pos, text[pos:]))
             else:
                 between(text, pos, len(text), out)
-        return out, matches
+        return out
 
-    def starts_afresh(self, text: str, at: int) -> bool:
-        """Does a token cut at start at ``at`` in ``text``, whatever comes before
-        (no token that could start before ``at`` reaches past it, and no token
-        of the first pass starts inside a normalized one there)? Then the
-        pieces of ``text`` are those of ``text[:at]``, then ``pieces(text, at)``."""
-        if self.whole or not 0 < at < len(text):
-            return False
-        m = _anchored(self._re, text, at)
-        if m is None:
-            m = _anchored(self._re_normalized, text, at)
-            if m is None or _starts_within(self._re, text, at + 1, m.end(), self.longest):
-                return False
-        if text[at:m.end()] not in self.cut_at:
-            return False
-        firsts = self._firsts
-        for q in range(max(0, at - self.longest + 1), at):
-            if text[q] in firsts:
-                for group in (self._re, self._re_normalized):
-                    m = _anchored(group, text, q)
-                    if m is not None and m.end() > at:
-                        return False
-        return True
-
-    def matches(self, text: str, start: int, end: int) -> list[tuple[int, int]]:
-        """The added tokens' matches (``(start, end)``, in order) in ``text``
-        from ``start`` (where the scan starts afresh) as ``tokenizers`` finds
-        them, looked for before ``end`` only (a match that would reach past it
-        is not found whole): the tokens that are not ``normalized`` first
+    def _matches(self, text: str) -> list[tuple[int, int]]:
+        """The added tokens' matches (``(start, end)``, in order) in ``text`` as
+        ``tokenizers`` finds them: the tokens that are not ``normalized`` first
         (leftmost longest), then the normalized ones in the text left between
         those.
 
@@ -139,41 +95,19 @@ class Splitter:
         match for another's sake, so together they are exactly the answer (the
         scan of a stretch between matches meets no match crossing its ends).
         Otherwise the scans are made in order, as described."""
-        spans = [m.span() for rx in self._tries for m in rx.finditer(text, start, end)]
+        spans = [m.span() for rx in self._tries for m in rx.finditer(text)]
         spans.sort()
         if all(b[0] >= a[1] for a, b in zip(spans, spans[1:])):
             return spans
-        n = end
+        n = len(text)
         matches: list[tuple[int, int]] = []
-        pos = start
-        for s, e in [*_spans(self._re, text, start, n), (n, n)]:
+        pos = 0
+        for s, e in [*_spans(self._re, text, 0, n), (n, n)]:
             matches.extend(_spans(self._re_normalized, text, pos, s))
             if s < e:
                 matches.append((s, e))
             pos = e
         return matches
-
-
-def _anchored(rx, text: str, q: int):
-    """The longest match of ``rx`` (``_alternation``) starting at ``q``, or None."""
-    if rx is None:
-        return None
-    if not isinstance(rx, list):
-        return rx.match(text, q)
-    for r in rx:  # (at most one of them matches: each is for its own first character)
-        m = r.match(text, q)
-        if m is not None:
-            return m
-    return None
-
-
-def _starts_within(rx, text: str, lo: int, hi: int, longest: int) -> bool:
-    """Does a match of ``rx`` start in ``text[lo:hi]``?"""
-    for r in ([] if rx is None else rx if isinstance(rx, list) else [rx]):
-        m = r.search(text, lo, hi + longest)
-        if m is not None and m.start() < hi:
-            return True
-    return False
 
 
 def _one(text: str, start: int, end: int, out: list) -> None:
@@ -238,16 +172,6 @@ def _spans(rx, text: str, start: int, end: int) -> list[tuple[int, int]]:
             return out
         out.append(best.span())
         pos = best.end() if best.end() > best.start() else best.end() + 1
-
-
-@functools.lru_cache(maxsize=4)
-def _splitter_of(tokenizer_json: str, _whole_env: str) -> Splitter:
-    import msgspec
-
-    from replay.text.tokenizer_json import _JsonDoc
-
-    doc = msgspec.json.decode(Path(tokenizer_json).read_bytes(), type=_JsonDoc)
-    return Splitter(doc.added_tokens, doc.pre_tokenizer, doc.normalizer)
 
 
 def _prefixes_first_word(component: Any) -> bool:

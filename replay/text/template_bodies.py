@@ -10,12 +10,22 @@ import numpy as np
 from replay.store.jsontext import loads
 
 
+class Part(dict):
+    """A body part parsed once (an object): :class:`TemplateBodies` hands the
+    same one to every request that repeats the part, and nothing changes it, so
+    what is derived from it alone is kept on it (``derived``: by the function
+    and arguments that derived it; ``template_messages``)."""
+    __slots__ = ("derived",)
+
+    def __init__(self, value: dict):
+        super().__init__(value)
+        self.derived: dict = {}
+
+
 class TemplateBodies:
     """Bodies stored as parts, assembled as parsed objects for a chat template:
     each part parsed once (its blob id), so the same tool definitions and
-    messages are the same objects in every request that repeats them — the
-    template's per-object work (``tojson``) is then remembered
-    (``render_template.freeze_inputs``: nothing changes these objects). The
+    messages are parsed once however many requests repeat them. The
     text between parts (glue: the keys, and every other top-level value) is
     parsed with ``0`` in the parts' places, once per distinct skeleton.
 
@@ -41,7 +51,8 @@ class TemplateBodies:
         if kind == "glue":
             self.glue[bid] = text
         else:
-            self.parts[bid] = (loads(text), len(text))
+            value = loads(text)
+            self.parts[bid] = (Part(value) if type(value) is dict else value, len(text))
             self.chars += len(text)
 
     def room(self) -> None:

@@ -24,7 +24,6 @@ rather than the results.
 from __future__ import annotations
 
 import ast
-import functools
 import hashlib
 import importlib.util
 import json
@@ -80,7 +79,6 @@ def fingerprint_of(source: str) -> str | None:
     return hashlib.sha256(joined.encode("utf-8")).hexdigest()[:len(FINGERPRINT)]
 
 
-@functools.lru_cache(maxsize=1)
 def uses_copy() -> bool:
     """Whether :func:`environment` and :func:`alias_reasoning` are the copies here."""
     return os.environ.get(OWN_ENV) != "1" and transformers_source_fingerprint() == FINGERPRINT
@@ -95,7 +93,6 @@ def _transformers():
     return chat_template_utils
 
 
-@functools.lru_cache(maxsize=1)
 def environment():
     """The environment ``apply_chat_template`` compiles a template in (raises
     ImportError when a copy cannot be used and transformers is missing)."""
@@ -104,12 +101,17 @@ def environment():
     return _transformers()._compile_jinja_template("").environment
 
 
-def alias_reasoning(messages: list) -> list:
-    """``_alias_reasoning_fields``: each message's reasoning under all its names."""
+def reasoning_alias():
+    """``_alias_reasoning_fields`` (each message's reasoning under all its
+    names), or no aliasing (an older transformers without it)."""
     if uses_copy():
-        return _alias_reasoning_fields(messages)
-    alias = getattr(_transformers(), "_alias_reasoning_fields", None)
-    return messages if alias is None else alias(messages)  # (older transformers: no aliasing)
+        return _alias_reasoning_fields
+    return getattr(_transformers(), "_alias_reasoning_fields", None) or (lambda messages: messages)
+
+
+def alias_reasoning(messages: list) -> list:
+    """:func:`reasoning_alias` applied to ``messages``."""
+    return reasoning_alias()(messages)
 
 
 # --- copied from transformers 5.25.0, transformers/utils/chat_template_utils.py ------------------
@@ -125,11 +127,10 @@ def _alias_reasoning_fields(chat):
     return aliased_chat
 
 
-@functools.lru_cache(maxsize=1)
 def copied_environment():
     """``_cached_compile_jinja_template``'s environment (its version check of
-    jinja2 ≥ 3.1.6 included): one per process, shared by the syntax check at
-    load and every template compiled (nothing compiled changes it)."""
+    jinja2 ≥ 3.1.6 included), built for each caller (a template is compiled
+    once per ``ChatTemplate``: nothing is remembered here)."""
     import jinja2
     import jinja2.ext
     import jinja2.nodes

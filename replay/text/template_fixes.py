@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Callable
+from typing import Any
 
 from replay.text.render_template import ChatTemplate, Splitter, pieces_of, render_chunks, render_messages
 from replay.text.template_messages import template_messages
@@ -124,14 +124,7 @@ def fixed_tok(tok, fixes, first_ts_us: int | None = None, order: list | None = N
     out.name = f"{tok.name}+fix={','.join(sorted(fixes))}"
     out.same_segments_as = tok.name
     out.render_request = render
-    base_exact = tok.exact
-    out.exact = lambda: _exact(base_exact(), out.name, render)
     return out
-
-
-def _exact(t, name: str, render: Callable):
-    t.name, t.render_request = name, render
-    return t
 
 
 def _body_key(body: dict, fmt, ts) -> str:

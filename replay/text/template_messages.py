@@ -40,6 +40,7 @@ import json
 from typing import Any
 
 from replay.text.render import compact_json
+from replay.text.template_bodies import Part
 
 _TEXT = ("text", "input_text", "output_text")
 _IMAGE = ("image", "image_url", "input_image")
@@ -73,6 +74,22 @@ def content(value: Any, blocks: bool) -> Any:
     return got if blocks else "\n".join(got)
 
 
+class Written(dict):
+    """What templates write as JSON (a call's arguments, a tool's parameters):
+    mapped from a body part parsed once (:func:`_once`), it is the same object
+    in every request that repeats the part and is never changed, so its JSON
+    is written once (``_json``: ``render_template``'s ``tojson``)."""
+    __slots__ = ("_json",)
+
+    def __init__(self, value: dict):
+        super().__init__(value)
+        self._json: str | None = None
+
+
+def _written(value: Any) -> Any:
+    return Written(value) if type(value) is dict else value
+
+
 def _arguments(args: Any) -> Any:
     if isinstance(args, str):
         try:
@@ -89,7 +106,8 @@ def _openai_call(call: Any) -> Any:
     call = {k: v for k, v in call.items() if v is not None}
     fn = call.get("function")
     if isinstance(fn, dict):
-        call["function"] = {**fn, "arguments": _arguments(fn.get("arguments"))} if "arguments" in fn else dict(fn)
+        call["function"] = ({**fn, "arguments": _written(_arguments(fn.get("arguments")))} if "arguments" in fn
+                            else dict(fn))
     return call
 
 
@@ -127,7 +145,7 @@ def _anthropic_message(msg: dict, blocks: bool) -> list[dict]:
         elif typ == "redacted_thinking":
             continue
         elif typ in ("tool_use", "server_tool_use"):
-            call = {"type": "function", "function": {"name": b.get("name"), "arguments": b.get("input", {})}}
+            call = {"type": "function", "function": {"name": b.get("name"), "arguments": _written(b.get("input", {}))}}
             if b.get("id") is not None:
                 call = {"id": b["id"], **call}
             calls.append(call)
@@ -152,12 +170,18 @@ def _anthropic_tool(tool: Any) -> Any:
     fn = {"name": tool.get("name")}
     if tool.get("description") is not None:
         fn["description"] = tool["description"]
-    fn["parameters"] = tool["input_schema"]
+    fn["parameters"] = _written(tool["input_schema"])
     return {"type": "function", "function": fn}
 
 
 def _openai_tool(tool: Any) -> Any:
-    return {k: v for k, v in tool.items() if k != "cache_control"} if isinstance(tool, dict) else tool
+    if not isinstance(tool, dict):
+        return tool
+    out = {k: v for k, v in tool.items() if k != "cache_control"}
+    fn = out.get("function")
+    if isinstance(fn, dict) and "parameters" in fn:
+        out["function"] = {**fn, "parameters": _written(fn["parameters"])}
+    return out
 
 
 def _responses_items(items: list, blocks: bool) -> list[dict]:
@@ -183,41 +207,29 @@ def _responses_items(items: list, blocks: bool) -> list[dict]:
     return out
 
 
-#: mapped objects a memo holds (then it forgets them all)
-MEMO_MAX = 200_000
-
-
-def _memoized(memo: dict | None, fn, obj: Any, *args) -> Any:
-    """``fn(obj, *args)``, remembered in ``memo`` per object (by ``id``, the
-    object held so its id is not reused) when the caller guarantees it never
-    changes the objects it maps, nor those mapped."""
-    if memo is None:
+def _once(fn, obj: Any, *args) -> Any:
+    """``fn(obj, *args)``, kept on ``obj`` when it is a body part parsed once
+    (``template_bodies.Part``: never changed, so neither is what it maps to)."""
+    if type(obj) is not Part:
         return fn(obj, *args)
-    key = (id(obj), fn, *args)
-    hit = memo.get(key)
-    if hit is not None and hit[0] is obj:
-        return hit[1]
-    got = fn(obj, *args)
-    if len(memo) >= MEMO_MAX:
-        memo.clear()
-    memo[key] = (obj, got)
+    key = (fn, *args)
+    got = obj.derived.get(key)
+    if got is None:
+        got = obj.derived[key] = fn(obj, *args)
     return got
 
 
-def template_messages(body: dict, fmt: str | None, blocks: bool, memo: dict | None = None
-                      ) -> tuple[list[dict], list | None, list[int]]:
+def template_messages(body: dict, fmt: str | None, blocks: bool) -> tuple[list[dict], list | None, list[int]]:
     """``(messages, tools, origin)`` of ``body`` in template shape; ``origin[j]``
     is the part (``replay.text.render``: ``1`` a top-level system, ``2 + k``
-    logged message ``k``) template message ``j`` comes from. ``memo``: each
-    logged message and tool is mapped once (``_memoized``; the same objects
-    then come back, so a template's per-object work is remembered too)."""
+    logged message ``k``) template message ``j`` comes from."""
     messages: list[dict] = []
     origin: list[int] = []
     system = body.get("system")
     if system is None:
         system = body.get("instructions")
     if system is not None and system != "" and system != []:
-        messages.append({"role": "system", "content": _memoized(memo, content, system, blocks)})
+        messages.append({"role": "system", "content": _once(content, system, blocks)})
         origin.append(1)
     logged = body.get("messages")
     if logged is None:
@@ -233,16 +245,16 @@ def template_messages(body: dict, fmt: str | None, blocks: bool, memo: dict | No
         elif not isinstance(msg, dict):
             got = [{"role": "user", "content": content(msg, blocks)}]
         elif anthropic:
-            got = _memoized(memo, _anthropic_message, msg, blocks)
+            got = _once(_anthropic_message, msg, blocks)
         else:
-            got = _memoized(memo, _openai_messages, msg, blocks)
+            got = _once(_openai_messages, msg, blocks)
         messages.extend(got)
         origin.extend([2 + k] * len(got))
     if responses:  # adjacent function calls of one turn are one assistant message
         messages, origin = _merge_calls(messages, origin)
     tools = body.get("tools")
     if isinstance(tools, list) and tools:
-        tools = [_memoized(memo, _anthropic_tool if anthropic else _openai_tool, t) for t in tools]
+        tools = [_once(_anthropic_tool if anthropic else _openai_tool, t) for t in tools]
     else:
         tools = None
     return messages, tools, origin

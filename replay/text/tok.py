@@ -81,12 +81,11 @@ class Tok:
     ``render_request`` / ``render_output`` its functions.
 
     The encoding is done by a ``replay.text.engine.Engine`` — exactly the
-    reference ``tokenizers`` ids, for less work (tiktoken, fastokens; see that
-    module) — in a child process started here (``REPLAY_ENCODER=inline``
+    reference ``tokenizers`` ids, for less work (fastokens; see that module) — in a child process started here (``REPLAY_ENCODER=inline``
     keeps it in this process; so does a child that cannot start or dies, with
     a warning). Creating a ``Tok`` before ingesting lets the child load while
     ingest runs, and ``warm()`` hands it new body parts to encode ahead.
-    ``backend``: ``auto`` | ``tokenizers`` | ``tiktoken`` | ``fastokens`` (default: the
+    ``backend``: ``auto`` | ``tokenizers`` | ``fastokens`` (default: the
     ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``).
     """
 
@@ -99,7 +98,8 @@ class Tok:
         if template is not None:
             self.render = renderers.TEMPLATE
             self.name = renderers.template_tokenizer_name(name, template.digest)
-            self.render_request = _TemplateRequests(template, self.path)
+            # (an object of its own, not a method: no reference cycle keeps a Tok, and its process, alive)
+            self.render_request = render_template.TemplateRenderer(template, self.path).render_request
             self.render_output = render_template.output_pieces
         else:
             self.render = renderers.check_render(render)
@@ -122,7 +122,6 @@ class Tok:
                 print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
         self._engine: engine.Engine | None = None
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
-        self._lost = False  # an encoder process ended: what it handed out may be unchecked
         self._elsewhere: tuple = ({}, {}, [0])  # parts, tokens prepared elsewhere, tokens added (add_prepared)
         #: body parts (blob id → (kind, text)) ingest handed over for a template's requests:
         #: the tokenize stage reads them here, not from the database (``TemplateBodies.rows``)
@@ -215,20 +214,6 @@ class Tok:
             return {}, {}
         return self._from_process(lambda p: p.take_requests(request_ids, through), ({}, {}))
 
-    def encode_for_stage(self, texts: dict[int, str]) -> None:
-        """New texts (segment id → text) of requests the tokenize stage rendered
-        itself: with a template, the encoder process encodes them while the
-        stage renders on, and their tokens come with the next
-        :meth:`take_requests`. A hint only: texts whose tokens do not come back
-        are encoded when the stage stores its chunk."""
-        if texts and self.render == renderers.TEMPLATE:
-            self._from_process(lambda p: p.encode_for_stage(texts))
-
-    def ahead_board(self):
-        """Where the encoder process is in the requests it renders ahead
-        (``replay.text.ahead_board``), or None without the process."""
-        return None if self._proc is None or self.render != renderers.TEMPLATE else self._proc.board
-
     def add_prepared(self, parts: dict, tokens: dict) -> None:
         """Body parts rendered and encoded elsewhere with the reference tokenizer
         (``replay.distributed.files``: blob id → (kind, segment ids, parts); segment
@@ -261,28 +246,12 @@ class Tok:
             mine.update(self._from_process(lambda p: p.take_segments(rest), {}) or {})
         return mine
 
-    def settle(self) -> None:
-        """No more prepared parts will be taken: the encoder process may now load
-        the reference and run the checks that waited for it, beside whatever this
-        process does next (:meth:`verdict` waits for them)."""
+    def release(self) -> None:
+        """No more prepared parts will be taken: the encoder process lets go of
+        what only the tokenize stage needed, beside whatever this process does next."""
         self._elsewhere = ({}, {}, [0])  # (what was not taken: its blobs were rendered already)
         self.recent_parts, self._recent_chars = {}, 0
-        self._from_process(lambda p: p.settle())
-
-    def verdict(self) -> list[str]:
-        """What the checks of the ids handed out so far found wrong (waits for
-        them): empty when every shortcut agreed with the reference. Ids from an
-        encoder process that ended count as unchecked."""
-        got = self._from_process(lambda p: p.verdict())
-        if got is None and self._lost:
-            return ["the encoder process ended before its checks"]
-        return list(got or []) + (self._engine.settle() if self._engine is not None else [])
-
-    def exact(self) -> "Tok":
-        """This tokenizer with no shortcut: the reference alone, in this process
-        (to encode again what a failed check put in doubt)."""
-        return Tok(self.path, self.base_name, self.chat_template, backend="tokenizers", in_process=True,
-                   render=None if self.template is not None else self.render, template=self.template)
+        self._from_process(lambda p: p.release())
 
     def encoder_name(self) -> str:
         """What encoded this tokenizer's texts so far (for summaries and the bench)."""
@@ -299,7 +268,6 @@ class Tok:
     def _lose_process(self) -> None:
         print("tokenize: the encoder process ended; encoding in this process from now on", file=sys.stderr)
         proc, self._proc = self._proc, None
-        self._lost = True
         if proc is not None:
             proc.close()
 
@@ -333,22 +301,6 @@ class Tok:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-class _TemplateRequests:
-    """A chat template's ``render_request(body, fmt, ts_us)``, its cut points (the
-    added tokens of the tokenizer.json as shipped) read on first use. (An object
-    of its own, not a method of the ``Tok``: no reference cycle keeps a Tok, and
-    its encoder process, alive.)"""
-
-    def __init__(self, template, tokenizer_json: Path):
-        self.template, self.tokenizer_json, self._renderer = template, tokenizer_json, None
-
-    def __call__(self, body: dict, fmt: str = "anthropic", ts_us: int | None = None) -> list:
-        if self._renderer is None:
-            self._renderer = render_template.TemplateRenderer(
-                self.template, render_template.Splitter.of_file(self.tokenizer_json))
-        return self._renderer.render_request(body, fmt, ts_us)
 
 
 def _read_chat_template(d: Path) -> str | None:

@@ -35,7 +35,7 @@ Renderings: the neutral template (the default), DeepSeek's encoding
 or a model's own chat template (``--chat-template``,
 ``replay.text.render_template``: the rendered text cut at the tokenizer's added
 tokens, each request rendered at its own time; most requests are rendered
-ahead by the encoder process, ``replay.text.tokenize_ahead``). A tokenizer
+ahead by the encoder process, ``replay.text.template_ahead``). A tokenizer
 directory's own ``chat_template`` is used only when ``--chat-template`` names it.
 
 Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
@@ -64,7 +64,6 @@ from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg
 from replay.text import render_template
 from replay.text.render_template import WHOLE_TEXT_ENV
 from replay.text.template_bodies import TemplateBodies
-from replay.text.tokenize_ahead import AheadRows
 from replay.text.renderers import TEMPLATE
 from replay.text.tok import Tok, load_tokenizer
 
@@ -245,7 +244,7 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
     """Make ``segments``/``prompts`` belong to ``tok``; True when old rows were cleared."""
     current = db.get_meta(con, "tokenizer")
     cleared = False
-    if current != tok.name or tokens_unchecked(con):
+    if current != tok.name or _left_unchecked(con):
         has_rows = con.execute(
             "SELECT (SELECT count(*) FROM segments) + (SELECT count(*) FROM prompts)").fetchone()[0]
         if has_rows:
@@ -254,6 +253,7 @@ def _ensure_tokenizer(con, tok: Tok) -> bool:
             cleared = True
         con.execute("DELETE FROM set_aside WHERE stage = 'tokenize'")  # another tokenizer may render them
         db.set_meta(con, "tokenizer", tok.name)
+        con.execute("DELETE FROM meta WHERE key = 'tokens_checked'")  # (an older version's state)
     return cleared
 
 def _set_aside(con, aside: list[tuple[int, str]], tokenizer: str) -> None:
@@ -264,39 +264,20 @@ def _set_aside(con, aside: list[tuple[int, str]], tokenizer: str) -> None:
     con.execute("INSERT OR REPLACE INTO set_aside SELECT request_id, 'tokenize', 'unrenderable', detail, ? "
                 "FROM _replay_aside", [tokenizer])
 
-def tokens_unchecked(con) -> bool:
-    """The stage's rows wait for late checks that a run stopped before
-    (:func:`confirm_tokens`): the next run tokenizes them again."""
+def _left_unchecked(con) -> bool:
+    """Rows an older version stored before checking them against the reference
+    (its ``tokens_checked`` meta still ``pending``: a run stopped in between):
+    tokenized again."""
     return db.get_meta(con, "tokens_checked") == "pending"
 
 
 def tokenize_needed(con) -> bool:
-    """Requests are not tokenized yet, or their rows wait for late checks."""
-    return db.untokenized(con) > 0 or tokens_unchecked(con)
-
-
-def confirm_tokens(con, tok: Tok) -> bool:
-    """Wait for the checks of the ids ``tok`` handed out (:meth:`Tok.verdict`).
-    True when all agreed with the reference; otherwise the stage's rows are
-    deleted, with a warning on stderr, and False: the caller tokenizes again
-    with ``tok.exact()``."""
-    failed = tok.verdict()
-    if not failed:
-        db.set_meta(con, "tokens_checked", "yes")
-        return True
-    print(f"tokenize: a check found {', '.join(failed)} disagreeing with tokenizers; "
-          "tokenizing again with tokenizers alone", file=sys.stderr)
-    con.execute("BEGIN TRANSACTION")
-    con.execute("DELETE FROM prompts")
-    con.execute("DELETE FROM segments")
-    db.set_meta(con, "tokens_checked", "failed")
-    con.execute("COMMIT")
-    return False
+    """Requests are not tokenized yet (or an older version left them unchecked)."""
+    return db.untokenized(con) > 0 or _left_unchecked(con)
 
 
 def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
-                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None,
-                   check: bool = True) -> TokenizeSummary:
+                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None) -> TokenizeSummary:
     """Fill ``segments`` and ``prompts`` for every request still waiting for them.
 
     ``tokenizer``: a :class:`Tok`, a local tokenizer path, or None (DeepSeek-V4).
@@ -308,13 +289,8 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     one transaction, so an interrupted run resumes cleanly. Re-running adds
     nothing.
 
-    The encoder's shortcuts are checked on a sample against the reference
-    (``replay.text.engine``), some of it only once the stage is done. ``check``:
-    wait for those checks here (:func:`confirm_tokens`; on a disagreement the
-    stage runs again with the reference alone); False leaves it to the caller,
-    which then calls :func:`confirm_tokens` itself — after the replay, say, so
-    the checks run beside it. Until then the rows are marked unchecked
-    (``tokens_checked``), and a later run redoes them.
+    The ids are the reference's (``replay.text.engine``: what its shortcut
+    encodes is checked on a sample as it goes).
     """
     t0 = time.perf_counter()
     tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
@@ -324,8 +300,6 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         "(SELECT 1 FROM prompts p WHERE p.request_id = r.request_id)").fetchone()[0]
     pending = con.execute(
         f"SELECT request_id FROM requests r WHERE {_WAITING} ORDER BY request_id").fetchnumpy()["request_id"]
-    if len(pending):
-        db.set_meta(con, "tokens_checked", "pending")
     if chunk_requests is None:
         chunk_requests = min(max(CHUNK_REQUESTS[0], len(pending) // 25), CHUNK_REQUESTS[1])
     run = _Run(con, tok, batch_chars, progress, len(pending))
@@ -338,9 +312,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     if run.aside:
         print(f"tokenize: {run.aside:,} requests cannot be rendered and are set aside (table set_aside, "
               "with the reason); the rest go on", file=sys.stderr)
-    tok.settle()  # no more prepared parts are taken: the late checks may start
-    if check and len(pending) and not confirm_tokens(con, tok):
-        return tokenize_stage(con, tok.exact(), progress, batch_chars, chunk_requests)
+    tok.release()  # no more prepared parts are taken
     return TokenizeSummary(
         requests=int(len(pending)), new_prompts=run.prompts, unique_segments=run.segments,
         unique_tokens=run.tokens, logical_tokens=run.logical, seconds=time.perf_counter() - t0,
@@ -371,7 +343,6 @@ class _Run:
         self.template_bodies = None
         if tok.render == TEMPLATE:
             self.template_bodies = TemplateBodies()
-            render_template.freeze_inputs(True)  # (until close: nothing changes the bodies it renders)
         self.reads = con.cursor()
         self.committer = db.Deferred(depth=1)
         self.prompts = self.segments = self.tokens = self.logical = self.aside = self.ahead = 0
@@ -399,9 +370,8 @@ class _Run:
             # a chat template reads each body whole: assembled from its parts, parsed
             # when a body is needed (most may have been rendered ahead)
             parsed = self.template_bodies.rows(self.reads, by_blobs, blobs_col, self.tok.recent_parts)
-            ahead = AheadRows(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts, parsed,
-                              np.flatnonzero(by_blobs).tolist())
-            ahead.meet()
+            ahead = _taken_ahead(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts,
+                                 parsed.part_ids, np.flatnonzero(by_blobs).tolist())
             by_blobs[:] = False
         elif self.tok.render != "neutral" and by_blobs.any():
             # parts are rendered neutrally: another rendering renders each body whole
@@ -414,14 +384,14 @@ class _Run:
         assembled = self.blob_cache.assemble(sel_ids, sel_off) if len(sel) else None
         got = self._render(tbl, by_blobs, {int(i): j for j, i in enumerate(sel)},
                            rows_with(sel_ids, sel_off, self.blob_cache.failed), parsed, ahead)
-        self.ahead += 0 if ahead is None else ahead.taken
+        self.ahead += 0 if ahead is None else len(ahead)
         self.committed()
         self._store(got, assembled, rids[sel])
         if self.bar is not None:
             self.bar.update(len(ids))
 
     def _render(self, tbl, by_blobs, sel_pos: dict, broken: dict, parsed=None,
-                ahead: AheadRows | None = None) -> _Rendered:
+                ahead: dict | None = None) -> _Rendered:
         """Render what the chunk's body parts do not already give: bodies stored
         whole, outputs, pre-tokenized requests. ``parsed[i]``: row ``i``'s body
         parsed (None: read from ``tbl``); ``ahead``: rows rendered ahead."""
@@ -523,10 +493,34 @@ class _Run:
             pass
         self.committer.close()
         self.reads.close()
-        if self.template_bodies is not None:
-            render_template.freeze_inputs(False)
         if self.bar is not None:
             self.bar.close()
+
+
+def _taken_ahead(tok: Tok, store: NewSegments, rids: np.ndarray, times: list, fmts: list, part_ids: list,
+                 rows: list[int]) -> dict[int, tuple[list, list]]:
+    """Row → (segment ids, parts) of the chunk's ``rows`` (a template renders
+    them from parts) that the encoder process rendered ahead, taken in one ask
+    (``replay.text.template_ahead``; the rows up to the chunk's last are the
+    stage's from then on). The first row is left to the stage, whose cuts are
+    checked there (:func:`check_cuts`). A render is taken only when it was made
+    from what the stage reads (time, format, part ids: a request id is used
+    again after a rolled-back file) and every one of its segments' tokens is here."""
+    rows = rows[1:]
+    if not rows:
+        return {}
+    got, tokens = tok.take_requests([int(rids[i]) for i in rows], int(rids[rows[-1]]))
+    store.add_arrays(tokens)
+    out = {}
+    for i in rows:
+        g = got.get(int(rids[i]))
+        if g is None or g[0] != times[i] or g[1] != fmts[i] or list(g[2]) != part_ids[i]:
+            continue
+        sids = g[3].tolist()
+        # (a segment missing: handed over to a chunk that was rolled back since)
+        if all(store.has(s) for s in set(sids).difference(store.known)):
+            out[i] = (sids, g[4].tolist())
+    return out
 
 
 def _with_whole_bodies(con, tbl: pa.Table, by_blobs: np.ndarray, blobs_col) -> pa.Table:

@@ -64,7 +64,7 @@ def reference(tmp_path_factory):
 # the places a stage can stop: inside a file's or a chunk's open transaction,
 # between files, between a stage and the next, between the walks and their record
 STAGE_POINTS = ["ingest.file_loaded:2", "ingest.file_committed:1", "ingest.file_committed:3",
-                "tokenize.chunk_written", "tokenize.chunk_committed", "prepare.tokens_unchecked",
+                "tokenize.chunk_written", "tokenize.chunk_committed", "prepare.tokenized",
                 "replay.walks_inserted", "prepare.replayed", "sweep.results_deleted"]
 
 

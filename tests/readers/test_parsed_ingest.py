@@ -101,8 +101,8 @@ def test_parts_prepared_with_the_parse_give_the_same_tokens(tmp_path):
             api.ingest(con, [str(d)], tokenizer=tok, engine=engine)
             waiting = len(tok._elsewhere[0])
             left = []
-            settle = tok.settle
-            tok.settle = lambda: (left.append(len(tok._elsewhere[0])), settle())[1]
+            release = tok.release
+            tok.release = lambda: (left.append(len(tok._elsewhere[0])), release())[1]
             api.tokenize(con, tok)
             taken[way] = waiting - left[0]
         finally:

@@ -165,15 +165,17 @@ def baseline(tmp_path, log, template):
     return got
 
 
-def both(source: str, **variables):
-    """(fast environment's result, transformers' environment's result); each an
-    output or ``("raised", exception type name)``."""
+def both(source: str, wrap=lambda v: v, **variables):
+    """(our compiled template's result, transformers' environment's result); each
+    an output or ``("raised", exception type name)``. ``wrap`` changes our
+    variables only (the objects rendering hands a template)."""
     from replay.text import template_env
 
     out = []
-    for template in (render_template._fast_compiled(source), template_env.environment().from_string(source)):
+    for template, values in ((render_template.compile_template(source), {k: wrap(v) for k, v in variables.items()}),
+                             (template_env.environment().from_string(source), variables)):
         try:
-            out.append(template.render(**variables))
+            out.append(template.render(**values))
         except Exception as exc:  # noqa: BLE001 - compared by type
             out.append(("raised", type(exc).__name__))
     return out

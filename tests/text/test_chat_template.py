@@ -178,7 +178,7 @@ CASES = {  # name: (template, tokenizer directory or None = DeepSeek's, split-ca
                                   "<｜tool▁output▁begin｜>", "## Tools")),
     "strips_reasoning": (STRIPS, None, True, ("</think>", "<｜tool▁sep｜>", "<｜tool▁output▁begin｜>")),
     "metaspace": ("metaspace", "metaspace", False, ("<tool_call>", "<image>")),
-    # DeepSeek-V3.1's (vLLM's): its tools block is a chain remembered per tool object (``template_concat``)
+    # DeepSeek-V3.1's (vLLM's): its tools block joined with chains of ``+``
     "v31_tools": (ROOT / "bench" / "templates" / "tool_chat_template_deepseekv31.jinja", None, True,
                   ("## Tools\nYou have access to the following tools", "\n### ", "<｜tool▁calls▁begin｜>")),
 }

@@ -1,6 +1,6 @@
 """A chat template's requests rendered ahead, in the encoder process, while ingest
 runs (``replay.text.template_ahead``) and taken by the tokenize stage
-(``replay.text.tokenize_ahead``): the stored rows are those of rendering in the
+(``replay.text.tokenize``): the stored rows are those of rendering in the
 stage alone, whichever requests were rendered ahead, and a render that does not
 belong to the row read (an id used again) or whose segments are gone is not
 taken."""
@@ -147,7 +147,7 @@ def test_a_template_that_fails_to_compile_stops_the_stage(tmp_path, inline, monk
     def broken(source):
         raise render_template.TemplateError("the chat template does not compile: TemplateSyntaxError: x")
 
-    monkeypatch.setattr(render_template, "_fast_compiled", broken)
+    monkeypatch.setattr(render_template, "compile_template", broken)
     with pytest.raises(render_template.TemplateError, match="does not compile"):
         tokenize_stage(con, tok)
     assert con.execute("SELECT count(*) FROM set_aside").fetchone()[0] == 0

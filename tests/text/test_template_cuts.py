@@ -41,9 +41,9 @@ def test_a_cut_inside_a_word_stops_the_stage(tmp_path, monkeypatch):
     _log(tmp_path / "log.jsonl")
     real = render_template.Splitter.pieces
 
-    def bad_pieces(self, text, start=0, clean=None):  # also cut every piece in the middle: a merge now crosses a cut
+    def bad_pieces(self, text):  # also cut every piece in the middle: a merge now crosses a cut
         out = []
-        for s, piece in real(self, text, start):
+        for s, piece in real(self, text):
             mid = len(piece) // 2
             out.extend([(s, piece[:mid]), (s + mid, piece[mid:])] if len(piece) > 4 else [(s, piece)])
         return out
