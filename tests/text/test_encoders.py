@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import copy
 import gzip
-import itertools
 import json
 import os
 import random
 import signal
-from pathlib import Path
 
 import numpy as np
 import pytest
