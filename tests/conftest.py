@@ -26,10 +26,5 @@ def sample_con(tmp_path_factory):
 
 @pytest.fixture
 def inline(monkeypatch):
-    """The encoder in this process (``REPLAY_ENCODER=inline``); a chat template's
-    inputs unfrozen after the test."""
-    from replay.text import render_template
-
+    """The encoder in this process (``REPLAY_ENCODER=inline``)."""
     monkeypatch.setenv("REPLAY_ENCODER", "inline")
-    yield
-    render_template.freeze_inputs(False)
