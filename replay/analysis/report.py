@@ -198,6 +198,9 @@ def _generated_at() -> dt.datetime:
             else dt.datetime.now(dt.timezone.utc))
 
 
+_PACKAGE = Path(__file__).resolve().parents[1]  # replay/: its own code (not a folder that happens to be named so)
+
+
 def failure(exc: BaseException) -> str:
     """What failed: the message when replay's own code raised it (those name
     options, fields and types, never a value of the logs); else the exception's
@@ -205,7 +208,8 @@ def failure(exc: BaseException) -> str:
     that did not parse, a key that was missing)."""
     frames = traceback.extract_tb(exc.__traceback__)
     last = frames[-1] if frames else None
-    if last is not None and "replay" in Path(last.filename).parts and (last.line or "").startswith("raise "):
+    if last is not None and Path(last.filename).resolve().is_relative_to(_PACKAGE) \
+            and (last.line or "").startswith("raise "):
         return f"{type(exc).__name__}: {exc}"
     where = f" in {Path(last.filename).name}:{last.lineno} ({last.name})" if last is not None else ""
     return f"{type(exc).__name__}{where}; its message is not shown, as it may quote prompt text"
