@@ -76,7 +76,10 @@ def anthropic_layouts(con, auto: bool) -> dict[int, tuple[list, list]]:
         for rid, ends in block_ends(con).items():
             if rid not in render and fmts.get(rid) != "tokens":
                 out[rid] = ([(ends[-1], DEFAULT_TTL)] if auto and ends else []), ends
-    todo = [(rid, n) for rid, n in db.body_sizes(con) if rid not in out]
+    tokenized = {r[0] for r in con.execute("SELECT request_id FROM prompts").fetchall()}
+    if tokenized <= out.keys():  # (every layout read from the segments: no body to assemble)
+        return out
+    todo = [(rid, n) for rid, n in db.body_sizes(con) if rid in tokenized and rid not in out]
     seg_n = dict(con.execute("SELECT seg_id, n_tokens FROM segments").fetchall())
     blob_texts: dict = {}
     for ids in db.chunks_by_size(todo, CHUNK_CHARS):
