@@ -117,7 +117,7 @@ def _summary(provider: str, model: str, g: pl.DataFrame) -> dict:
             (100.0 * (pl.col("predicted") / ours - pl.col("realised") / prov)).alias("_d"))
         for part, d in contrib.group_by("part").agg(pl.col("_d").sum()).iter_rows():
             parts[part] = parts.get(part, 0.0) + float(d)
-    sessions = g["session"].drop_nulls().map_elements(lambda s: s.split("/")[0], return_dtype=pl.Utf8).n_unique()
+    sessions = g["session"].drop_nulls().str.split("/").list.first().n_unique()  # (a sidechain is its session's)
     return {
         "provider": provider, "model": model, "requests": len(g), "sessions": sessions,
         "prompt_tokens": ours, "provider_prompt_tokens": prov,
