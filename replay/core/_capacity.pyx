@@ -147,6 +147,32 @@ cdef class Recorder:
         return count, rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy(), rows[:, 3].copy()
 
 
+cdef inline int64_t _ttl_blocks(const int64_t[::1] offsets, const int64_t[::1] gap, const int64_t[::1] last,
+                                Py_ssize_t r, int64_t ttl) noexcept nogil:
+    """Blocks request ``r`` finds under TTL ``ttl``: the end of its last step idle at most ``ttl``."""
+    cdef int64_t k = 0
+    cdef Py_ssize_t i = offsets[r]
+    while i < offsets[r + 1] and gap[i] <= ttl:
+        k = last[i]
+        i += 1
+    return k
+
+
+cdef inline int64_t _cap_blocks(const int64_t[::1] offsets, const int64_t[::1] dist, const int64_t[::1] first,
+                                const int64_t[::1] last, Py_ssize_t r, int64_t cap) noexcept nogil:
+    """Blocks request ``r`` finds in a pool of ``cap`` blocks: up to the first block at stack distance ≥ ``cap``."""
+    cdef int64_t k = 0
+    cdef Py_ssize_t i = offsets[r]
+    while i < offsets[r + 1]:
+        if dist[i] >= cap:
+            break
+        if dist[i] + (last[i] - first[i]) >= cap:
+            return first[i] + (cap - 1 - dist[i])
+        k = last[i]
+        i += 1
+    return k
+
+
 def capacity_counts(const int64_t[::1] offsets, const int64_t[::1] gap, const int64_t[::1] dist,
                     const int64_t[::1] first, const int64_t[::1] last, const uint8_t[::1] warm,
                     int64_t block, const int64_t[::1] ttls, const int64_t[::1] caps):
@@ -160,30 +186,16 @@ def capacity_counts(const int64_t[::1] offsets, const int64_t[::1] gap, const in
     cdef int64_t[:, ::1] hits = hits_arr
     cdef int64_t[:, ::1] nhit = nhit_arr
     cdef int64_t[:, ::1] whit = warm_arr
-    cdef Py_ssize_t r, ti, ci, i
-    cdef int64_t k_t, k_c, c, h
+    cdef Py_ssize_t r, ti, ci
+    cdef int64_t k_t, k_c, h
     with nogil:
         for r in range(n):
             for ti in range(n_t):
-                k_t = 0
-                i = offsets[r]
-                while i < offsets[r + 1] and gap[i] <= ttls[ti]:
-                    k_t = last[i]
-                    i += 1
+                k_t = _ttl_blocks(offsets, gap, last, r, ttls[ti])
                 if k_t == 0:
                     continue
                 for ci in range(n_c):
-                    c = caps[ci]
-                    k_c = 0
-                    i = offsets[r]
-                    while i < offsets[r + 1]:
-                        if dist[i] >= c:
-                            break
-                        if dist[i] + (last[i] - first[i]) >= c:
-                            k_c = first[i] + (c - 1 - dist[i])
-                            break
-                        k_c = last[i]
-                        i += 1
+                    k_c = _cap_blocks(offsets, dist, first, last, r, caps[ci])
                     h = (k_t if k_t < k_c else k_c) * block
                     if h > 0:
                         hits[ti, ci] += h
@@ -199,27 +211,14 @@ def hit_depths(const int64_t[::1] offsets, const int64_t[::1] gap, const int64_t
     blocks: min(blocks under τ, blocks under C). Per request, where
     :func:`capacity_counts` sums: tiers compare one request's depths on
     different stacks (``replay.core.tiers``)."""
-    cdef Py_ssize_t n = offsets.shape[0] - 1, r, i
+    cdef Py_ssize_t n = offsets.shape[0] - 1, r
     out_arr = np.zeros(n, dtype=np.int64)
     cdef int64_t[::1] out = out_arr
     cdef int64_t k_t, k_c
     with nogil:
         for r in range(n):
-            k_t = 0
-            i = offsets[r]
-            while i < offsets[r + 1] and gap[i] <= ttl:
-                k_t = last[i]
-                i += 1
-            k_c = 0
-            i = offsets[r]
-            while i < offsets[r + 1] and k_t > 0:
-                if dist[i] >= cap:
-                    break
-                if dist[i] + (last[i] - first[i]) >= cap:
-                    k_c = first[i] + (cap - 1 - dist[i])
-                    break
-                k_c = last[i]
-                i += 1
+            k_t = _ttl_blocks(offsets, gap, last, r, ttl)
+            k_c = _cap_blocks(offsets, dist, first, last, r, cap) if k_t > 0 else 0
             out[r] = k_t if k_t < k_c else k_c
     return out_arr
 
