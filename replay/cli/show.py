@@ -12,14 +12,14 @@ from replay.cli.options import load_logs, logs_options
 _ATTRS = (("time", "time"), ("ts_us", "ts_us"), ("tenant", "tenant"), ("session", "session"), ("key", "key"),
           ("user", "user_id"), ("model", "model"), ("format", "format"))
 
+_JSON_HELP = ("Print exactly one JSON object: request_id, the request's attributes, n_tokens, tokens (the ids, "
+              "in order), segments (part, marker, start, n_tokens; in order), and text with --show-text.")
+
 
 @click.command("show")
 @click.argument("request_id", type=int)
 @logs_options
-@click.option("--json", "as_json", is_flag=True,
-              help="Print exactly one JSON object: request_id, the request's attributes, n_tokens, tokens (the "
-                   "ids, in order), segments (part, marker, start, n_tokens; in order), and text with "
-                   "--show-text.")
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 @click.option("--show-text", is_flag=True, help="Also show the prompt's text (the ids decoded; not shown by default).")
 def show(request_id, logs, db_path, fmt, fields, time_unit, tokenizer, as_json, show_text):
     """How request REQUEST_ID was rendered: its segments, their parts and token counts.

@@ -15,44 +15,28 @@ BATCH_ROWS = 5000
 BATCH_BYTES = 64 << 20  # also flush when the buffered bodies/outputs reach this size
 AHEAD_REQUESTS = 64  # requests handed to ``ahead`` at a time
 
-REQUEST_SCHEMA = pa.schema([
-    ("request_id", pa.int64()),
-    ("source_id", pa.int64()),
-    ("line_no", pa.int64()),
-    ("format", pa.string()),
-    ("ts_us", pa.int64()),
-    ("tenant", pa.string()),
-    ("prompt_cache_key", pa.string()),
-    ("session", pa.string()),
-    ("user_id", pa.string()),
-    ("model", pa.string()),
-    ("body", pa.string()),
-    ("output", pa.string()),
-    ("tokens", pa.list_(pa.int32())),
-    ("output_tokens", pa.list_(pa.int32())),
-    ("block_ids", pa.list_(pa.int64())),
-    ("block_lengths", pa.list_(pa.int32())),
-    ("input_length", pa.int64()),
-    ("output_length", pa.int64()),
-    ("usage_prompt_tokens", pa.int64()),
-    ("usage_cached_tokens", pa.int64()),
-    ("usage_cache_write_tokens", pa.int64()),
-    ("usage_output_tokens", pa.int64()),
-    ("body_blobs", pa.list_(pa.uint64())),
-    ("diag_reason", pa.string()),         # the provider's cache diagnostics (replay.readers.diagnostics)
-    ("diag_missed_tokens", pa.int64()),
-    ("client", pa.string()),              # coding agents' session files (readers.claude_code, codex)
-    ("hidden_key", pa.string()),
-    ("backend", pa.string()),             # the serving backend a gateway names (OpenRouter's provider)
-    ("usage_write_1h_tokens", pa.int64()),
-])
-REJECT_SCHEMA = pa.schema([
-    ("source_id", pa.int64()),
-    ("path", pa.string()),
-    ("line_no", pa.int64()),
-    ("reason", pa.string()),
-    ("detail", pa.string()),
-])
+_TYPES = {"int64": pa.int64(), "string": pa.string(), "int32[]": pa.list_(pa.int32()),
+          "int64[]": pa.list_(pa.int64()), "uint64[]": pa.list_(pa.uint64())}
+
+
+def _schema(columns: str) -> pa.Schema:
+    """An Arrow schema from ``name:type`` words, in column order (types: ``_TYPES``)."""
+    return pa.schema([(name, _TYPES[kind]) for name, kind in (word.split(":") for word in columns.split())])
+
+
+# diag_*: the provider's cache diagnostics (replay.readers.diagnostics); client, hidden_key:
+# coding agents' session files (readers.claude_code, codex); backend: the serving backend a
+# gateway names (OpenRouter's provider)
+REQUEST_SCHEMA = _schema("""
+    request_id:int64 source_id:int64 line_no:int64 format:string ts_us:int64
+    tenant:string prompt_cache_key:string session:string user_id:string model:string
+    body:string output:string tokens:int32[] output_tokens:int32[] block_ids:int64[] block_lengths:int32[]
+    input_length:int64 output_length:int64 usage_prompt_tokens:int64 usage_cached_tokens:int64
+    usage_cache_write_tokens:int64 usage_output_tokens:int64 body_blobs:uint64[]
+    diag_reason:string diag_missed_tokens:int64 client:string hidden_key:string backend:string
+    usage_write_1h_tokens:int64
+""")
+REJECT_SCHEMA = _schema("source_id:int64 path:string line_no:int64 reason:string detail:string")
 
 
 SCHEMAS = {"requests": REQUEST_SCHEMA, "rejects": REJECT_SCHEMA, "blobs": BLOB_SCHEMA}

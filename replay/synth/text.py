@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -63,6 +64,20 @@ CHAT_TOPICS = (
 )
 
 
+# {slot} is a word of that list ({np}: a noun phrase); {slot^} capitalised
+_WORDS = {"V": VERB_IMP, "V3": _VERB3, "P": _PREPS, "A": ADJS, "N": NOUNS, "W": _WHEN, "S": _SUBJ, "C": _CONJ}
+_SLOT = re.compile(r"\{(np|V3|V|P|A|N|W|S|C)(\^?)\}")
+_SENTENCES = (
+    "{V^} {np} {P} {np}",
+    "This tool {V3} {np} and {V3} {np} {P} {np}",
+    "{W} {np} is {A}, {V} {np} {P} {np}",
+    "Do not {V} {N}s {P} {np} unless the user explicitly asks you to",
+    "{S^} {V3} {np}, {C} {S} {V3} {np}",
+    "It is important to {V} {np} {P} {np} so that {S} {V3} {np}",
+    "{np^} {V3} {np}",
+)
+
+
 class Text:
     """Prose, code and command output from a vocabulary (deterministic per rng)."""
 
@@ -82,26 +97,14 @@ class Text:
         return f"{'an' if adj[0] in 'aeiou' else 'a'} {adj} {self.c(NOUNS)}"
 
     def sentence(self) -> str:
-        k = self.r.randrange(7)
-        if k == 0:
-            s = f"{self.c(VERB_IMP).capitalize()} {self.np_()} {self.c(_PREPS)} {self.np_()}"
-        elif k == 1:
-            s = f"This tool {self.c(_VERB3)} {self.np_()} and {self.c(_VERB3)} {self.np_()} {self.c(_PREPS)} {self.np_()}"
-        elif k == 2:
-            s = (f"{self.c(_WHEN)} {self.np_()} is {self.c(ADJS)}, {self.c(VERB_IMP)} "
-                 f"{self.np_()} {self.c(_PREPS)} {self.np_()}")
-        elif k == 3:
-            s = (f"Do not {self.c(VERB_IMP)} {self.c(NOUNS)}s {self.c(_PREPS)} {self.np_()} "
-                 f"unless the user explicitly asks you to")
-        elif k == 4:
-            s = (f"{self.c(_SUBJ).capitalize()} {self.c(_VERB3)} {self.np_()}, "
-                 f"{self.c(_CONJ)} {self.c(_SUBJ)} {self.c(_VERB3)} {self.np_()}")
-        elif k == 5:
-            s = (f"It is important to {self.c(VERB_IMP)} {self.np_()} {self.c(_PREPS)} {self.np_()} "
-                 f"so that {self.c(_SUBJ)} {self.c(_VERB3)} {self.np_()}")
-        else:
-            s = f"{self.np_().capitalize()} {self.c(_VERB3)} {self.np_()}"
-        return s + "."
+        template = _SENTENCES[self.r.randrange(len(_SENTENCES))]
+        # slots are filled left to right, so one seed gives the same text as ever
+        return _SLOT.sub(self._fill, template) + "."
+
+    def _fill(self, slot: re.Match) -> str:
+        name, capital = slot.group(1), slot.group(2)
+        word = self.np_() if name == "np" else self.c(_WORDS[name])
+        return word.capitalize() if capital else word
 
     def paragraph(self, lo=3, hi=6) -> str:
         return " ".join(self.sentence() for _ in range(self.r.randint(lo, hi)))
