@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli.main import main
-from replay.core import oracle
+from support import oracle
 
 from support.gen import US, random_requests
 from support.logs import write_tokens_log as _write_tokens_log

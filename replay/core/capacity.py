@@ -23,7 +23,7 @@ touched after it. Along a request's path the owners change only where the
 trie's walk changes step, so a request's distances are a few *segments*
 (owner, blocks k1..k2) over which d rises by one per block; F is a Fenwick
 tree over the replica's requests (compiled: ``_capacity.pyx`` is the one
-implementation; its reference is the brute force ``replay.core.oracle``). The work is a trie walk per request plus a
+implementation; its reference is the brute force ``tests/support/oracle.py``). The work is a trie walk per request plus a
 few tree updates per segment — never a pass per capacity, and never a step
 per block.
 

@@ -132,8 +132,3 @@ _STRING, _FLOAT, _INT = (pa.string(), pl.String), (pa.float64(), pl.Float64), (p
 _TYPES = {"stream": _STRING, "stream_key": _STRING, "model": _STRING, "ttl_s": _FLOAT, "block": _INT,
           "min_prefix": _INT, "requests": _INT, "prompt_tokens": _INT, "hit_tokens": _INT,
           "hit_ratio": _FLOAT, "requests_hit": _INT, **{c: _INT for c in ORIGIN_COLUMNS}}
-
-
-def to_records(df: pl.DataFrame) -> list[dict]:
-    """Rows as plain dicts for JSON (ttl_s None for inf)."""
-    return df.to_dicts()

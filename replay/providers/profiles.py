@@ -9,7 +9,6 @@ per-request hits in ``replay.providers.request_hits``.
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import polars as pl
@@ -155,28 +154,3 @@ def _realized_by_request(con) -> pl.DataFrame:
                               CASE WHEN usage_prompt_tokens IS NOT NULL THEN coalesce(usage_cache_write_tokens, 0)
                                   END AS u_w
                        FROM requests""")
-
-
-def per_request_agreement(con, profile: str = "deepseek", stream: str = "global",
-                          ttl: float = math.inf) -> pl.DataFrame:
-    """Predicted against realised cached tokens per request (requests with usage).
-
-    Columns: request_id, stream, model, ts_us, prompt_tokens (rendered), usage_prompt_tokens,
-    predicted, realized, ``abs_diff_share`` = |predicted / prompt_tokens − realised /
-    usage_prompt_tokens| (each side in its own tokenization, so a constant
-    template overhead does not count as disagreement) and
-    ``abs_diff_tokens_share`` = |predicted − realised| / usage_prompt_tokens.
-    """
-    prof = get_profile(profile)
-    g = Grid(ttls=(ttl,), blocks=(prof.block or 1,), min_prefixes=(prof.min_prefix or 0,), streams=(stream,))
-    df = request_hits(con, prof, g)
-    if prof.kind == "anthropic":
-        df = df.filter(pl.col("ttl") == df["ttl"].min())
-    rz = _realized_by_request(con).filter(pl.col("u_p").is_not_null())
-    j = df.join(rz, on="request_id", how="inner")
-    return j.select(
-        "request_id", "stream", "model", "ts_us", "prompt_tokens", pl.col("u_p").alias("usage_prompt_tokens"),
-        pl.col("hit").alias("predicted"), pl.col("u_c").alias("realized"),
-        (pl.col("hit") / pl.col("prompt_tokens").clip(1) - pl.col("u_c") / pl.col("u_p").clip(1)).abs()
-        .alias("abs_diff_share"),
-        ((pl.col("hit") - pl.col("u_c")).abs() / pl.col("u_p").clip(1)).alias("abs_diff_tokens_share")).sort("ts_us", "request_id")

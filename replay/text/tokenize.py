@@ -88,10 +88,6 @@ class TokenizeSummary:
     cleared: bool = False  # old segments/prompts of another tokenizer were dropped
     rendered_ahead: int = 0  # requests a chat template's encoder process rendered (``replay.text.template_ahead``)
 
-    @property
-    def unique_tokens_per_s(self) -> float:
-        return self.unique_tokens / self.seconds if self.seconds > 0 else float("inf")
-
 
 class NewSegments:
     """In-memory seg_id → n_tokens of what the table holds, plus this chunk's new rows."""

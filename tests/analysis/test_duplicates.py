@@ -80,7 +80,7 @@ def test_exact_duplicates_equal_the_contract(tmp_path, seed):
 def test_millisecond_boundaries_near_misses_and_empty_prompts(tmp_path):
     """Identical prompts exactly 60 s apart (ms timestamps) are duplicates at
     60 s, not at 59.999 s; one token different never; empty prompts equal."""
-    from replay.core.oracle import OracleRequest
+    from support.oracle import OracleRequest
 
     def req(ts_us, tokens, session="s"):
         return OracleRequest(ts=ts_us, tokens=tokens, tenant="a", key=None, session=session, model=None, output=[])

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from replay import api
 from replay.cli.main import main
-from replay.core import oracle
+from support import oracle
 from replay.core.grid import Grid
 from replay.store import db
 

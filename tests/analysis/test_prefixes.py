@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from replay import api
 from replay.analysis.prefixes import part_labels, prefix_hash, prefixes_section
 from replay.cli.main import main
-from replay.core import oracle
+from support import oracle
 from replay.core.prompts import iter_prompts
 from replay.times import INF_US
 from replay.prepare import prepare

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from replay import api
 from replay.analysis.trend import request_ceilings, week_keys, week_label, week_labels, weekly_ceilings
 from replay.cli.main import main
-from replay.core import oracle
+from support import oracle
 from replay.times import ttl_us
 from replay.providers.economics import get_price, savings_table
 from replay.providers.model_savings import model_savings, savings_section

@@ -14,7 +14,7 @@ import pytest
 
 from replay import api
 from replay.core import hits as hits_module
-from replay.core import oracle
+from support import oracle
 from replay.core import replay as replay_module
 from replay.core.grid import Grid
 from replay.core.replay import replay_prompts

@@ -1,12 +1,13 @@
 """The per-capacity simulation (``replay.core.simulate``) against the contract read
-literally (``replay.core.oracle``): LRU with fixed routing, routing by cache
+literally (``tests/support/oracle.py``): LRU with fixed routing, routing by cache
 state (``prefix``) and clairvoyant eviction (``belady``), on generated logs."""
 
 import numpy as np
 import pytest
 
 from replay.core import capacity as cap
-from replay.core import oracle, simulate
+from replay.core import simulate
+from support import oracle
 from replay.core.prompts import Prompt
 from replay.core.streams import stream_key
 

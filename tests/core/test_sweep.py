@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from replay.core import hits as hits_module
-from replay.core import oracle
+from support import oracle
 from replay.core.grid import Grid
 from replay.core.streams import stream_key
 from replay.core.sweep import sweep

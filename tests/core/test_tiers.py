@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from replay.analysis.capacity import COLUMNS
 from replay.cli.main import main
 from replay.core import capacity as cap
-from replay.core import oracle
+from support import oracle
 from replay.core.streams import stream_key
 from replay.core.tiers import TierSpec, parse_tiers, tier_depths
 from replay.times import INF_US

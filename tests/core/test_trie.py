@@ -4,7 +4,7 @@ compiled (replay/core/_trie.pyx), its one implementation. Times are integer µs.
 import numpy as np
 import pytest
 
-from replay.core import oracle
+from support import oracle
 from replay.core import prompts as prompts_module
 from replay.core.prompts import Prompt, mooncake_symbols
 from replay.core.replay import replay_prompts

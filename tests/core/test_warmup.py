@@ -14,7 +14,7 @@ from replay.analysis.capacity import COLUMNS, CapacityGrid
 from replay.analysis.capacity import capacity as run_capacity
 from replay.cli.main import main
 from replay.core import capacity as cap
-from replay.core import oracle
+from support import oracle
 from replay.core.grid import Grid
 from replay.core.streams import stream_key
 from replay.core.sweep import sweep

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from replay.cli.main import main
 from replay.core.grid import Grid
-from replay.core.oracle import OracleRequest as R
+from support.oracle import OracleRequest as R
 from replay.providers.auto import model_choices, parses_json, price_entry
 from replay.providers.catalog import model_family, profile_for_model
 from replay.providers.model_savings import model_savings, savings_section

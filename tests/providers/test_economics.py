@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from replay.providers import economics as ec
-from replay.core.oracle import OracleRequest as R
+from support.oracle import OracleRequest as R
 
 from support.logs import make_db
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from replay.core import oracle
+from support import oracle
 from replay.core.grid import Grid
 from replay.core.sweep import sweep
 from replay.times import ttl_us

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from replay import api
 from replay.cli.main import main
 from replay.core.grid import Grid
-from replay.core.oracle import lcp
+from support.oracle import lcp
 from replay.times import ttl_us
 from replay.readers.hashtraces import chain_ids
 from replay.store import db

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from replay.core import capacity as cap
-from replay.core import oracle
+from support import oracle
 from replay.core.prompts import Prompt
 from replay.core.streams import stream_key
 from replay.times import INF_US

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from replay.core.oracle import OracleRequest
+from support.oracle import OracleRequest
 
 US = 1_000_000
 

@@ -8,7 +8,8 @@ import itertools
 
 import numpy as np
 
-from replay.core import oracle, streamed
+from replay.core import streamed
+from support import oracle
 from replay.core.prompts import Prompt
 from replay.core.replay import replay_prompts, store_walks
 from replay.core.streams import MODES
