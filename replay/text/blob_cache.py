@@ -59,8 +59,9 @@ class BlobCache:
     _BOS = MARKER_SEG["bos"]
     _ASSISTANT = MARKER_SEG["assistant"]
 
-    def __init__(self, store):  # (replay.text.tokenize.NewSegments)
+    def __init__(self, store, pool=None):  # (replay.text.tokenize.NewSegments, render_pool.RenderPool)
         self.store = store
+        self.pool = pool
         self.index: dict[int, int] = {}
         self.kind = Grow(np.int8)
         self.start = Grow(np.int64)
@@ -90,9 +91,19 @@ class BlobCache:
             if len(rows) < len(rest):
                 raise KeyError(f"{len(rest) - len(rows)} body blobs are missing from the blobs table")
             add = store.add_piece
+            pooled = iter(()) if self.pool is None else iter(self.pool.render(
+                "neutral", [("part", kind, text) for _, kind, text in rows if kind != "glue"]))
             for bid, kind, text in rows:
                 if kind == "glue":
                     entries.append((bid, kind, (), ()))
+                    continue
+                if self.pool is not None:  # (rendered by the pool: pieces with their segment ids)
+                    got = next(pooled)
+                    if got[0] == "error":
+                        self.failed[bid] = got[1]
+                        entries.append((bid, "glue", (), ()))
+                    else:
+                        entries.append((bid, kind, list(map(add, got[1], got[2])), [p[2] for p in got[1]]))
                     continue
                 try:
                     pieces = render_part(kind, loads(text))
@@ -313,3 +324,20 @@ def list_array(lists: list[list[int] | None], value_type) -> pa.Array:
     if any(mask):
         return pa.ListArray.from_arrays(off, values, mask=pa.array(mask))
     return pa.ListArray.from_arrays(off, values)
+
+
+def with_whole_bodies(con, tbl: pa.Table, by_blobs: np.ndarray, blobs_col) -> pa.Table:
+    """``tbl`` with the ``body`` of its rows stored as parts (``by_blobs``) filled
+    in: their parts' texts joined (the body's compact JSON, as the
+    ``request_bodies`` view gives it), each distinct part read once."""
+    rows = [blobs_col[i].values.to_numpy(zero_copy_only=False) if by_blobs[i] else None
+            for i in range(len(by_blobs))]
+    wanted = np.unique(np.concatenate([r for r in rows if r is not None]))
+    _replay_blob_ids = pa.table({"blob_id": pa.array(wanted.astype(np.uint64), pa.uint64())})  # noqa: F841
+    texts = dict(con.execute("SELECT b.blob_id, b.text FROM blobs b SEMI JOIN _replay_blob_ids w USING (blob_id)")
+                 .fetchall())
+    bodies = tbl.column("body").to_pylist()
+    for i, r in enumerate(rows):
+        if r is not None:
+            bodies[i] = "".join(texts[b] for b in r.tolist())
+    return tbl.set_column(tbl.schema.get_field_index("body"), "body", pa.array(bodies, pa.string()))

