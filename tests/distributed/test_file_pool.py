@@ -82,6 +82,23 @@ def test_a_small_log_is_parsed_here_without_starting_a_worker(tmp_path, monkeypa
     assert s.loaded > 200 and started == []
 
 
+def test_api_ingest_with_workers_is_the_single_process(tmp_path, monkeypatch):
+    from replay.distributed import file_pool
+    from replay.readers import ingest as ingest_module
+
+    pools = []
+    made = file_pool.FilePool.__init__
+    monkeypatch.setattr(file_pool.FilePool, "__init__", lambda self, n: pools.append(self) or made(self, n))
+    monkeypatch.setattr(ingest_module, "MIN_PARALLEL_BYTES", 0)  # (the sample: three files, worth two workers now)
+    want = ingest_runs(tmp_path / "one.duckdb", [[str(SAMPLE)]])
+    con = api.open_db(str(tmp_path / "two.duckdb"))
+    s = api.ingest(con, [str(SAMPLE)], workers=2)
+    got = full_dump(con)
+    con.close()
+    assert (s, got) == (want[0][0], want[1])
+    assert len(pools) == 1 and pools[0].started == 2 and pools[0]._procs == []  # (closed after)
+
+
 def test_a_worker_that_dies_stops_the_ingest_after_the_files_before_it(tmp_path, pool):
     from support.ranges import dying_parse
     from replay.readers.ingest import ingest

@@ -146,3 +146,20 @@ def test_a_forced_format_and_fields_are_read_in_every_range(tmp_path):
     want = ingest_runs(tmp_path / "one.duckdb", [[str(log)]], **kw)
     got = ingest_runs(tmp_path / "units.duckdb", [[str(log)]], engine=InProcess(), range_bytes=30, **kw)
     assert got == want and want[0][0].loaded == 20
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gateway_exports_cut_into_ranges(tmp_path, seed):
+    """OpenAI, OTLP (a line of many spans: units are not lines), LiteLLM, Langfuse
+    pages as JSON Lines, and the bundled fixtures: the same rows by ranges."""
+    from support.gateway_logs import langfuse_page, traffic, write_all
+
+    d = tmp_path / "logs"
+    write_all(d, seed=seed, sessions=3, turns=4)
+    write_jsonl(d / "langfuse_pages.jsonl", [langfuse_page(traffic(seed + k, sessions=1, turns=3)) for k in range(3)])
+    for rb in (1, 300, 5000):
+        want, got, units = both(tmp_path, [[str(d)]], rb, tag=str(rb))
+        assert got == want, rb
+    cut = {u.path.rsplit("/", 1)[-1] for u in units if isinstance(u, Range)}
+    assert {"openai.jsonl", "otel.jsonl", "litellm.jsonl", "langfuse_pages.jsonl"} <= cut
+    assert {r[3] for r in want[1]["sources"]} >= {"openai", "otel", "litellm", "langfuse"}
