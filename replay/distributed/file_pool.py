@@ -29,7 +29,6 @@ from __future__ import annotations
 import collections
 import os
 import pickle
-import queue
 import signal
 import struct
 import subprocess
@@ -53,68 +52,74 @@ class FilePool:
     def __init__(self, workers: int = 2):
         self.workers = max(1, int(workers))
         self._procs: list[_Worker] = []
-        self._maps = 0
+        self._lock = threading.Lock()  # (the main thread and the result readers hand out tasks)
+        self._pending: collections.deque = collections.deque()  # tasks no worker took yet, in order
+        self._call: tuple[int, bytes] = (0, b"")
         self.mapped = 0  # items handed to the workers (what ran there, not here)
         self.started = 0  # processes started, over the pool's life
 
     def map_ordered(self, fn, items, *args):
         """``(item, fn(item, *args))`` for each of ``items``, in their order."""
-        self._maps += 1
-        call = pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
+        self._call = (self._call[0] + 1, b"C" + pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL))
         name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "task")
         todo = iter(items)
-        flight: collections.deque = collections.deque()  # (item, worker)
+        flight: collections.deque = collections.deque()  # tasks, in the items' order
         done = False
         try:
             while True:
+                # (one more than the workers: a worker that finishes takes the next at once)
                 while len(flight) <= self.workers:
                     item = next(todo, _EOF)
                     if item is _EOF:
                         break
-                    w = self._worker_for()
-                    if w.call_id != self._maps:
-                        w.send(b"C" + call)
-                        w.call_id = self._maps
-                    w.send(b"I" + pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
-                    w.busy += 1
-                    self.mapped += 1
-                    flight.append((item, w))
+                    task = _Task(item)
+                    flight.append(task)
+                    with self._lock:
+                        self._pending.append(task)
+                        self._dispatch(start=True)
                 if not flight:
                     done = True
                     return
-                item, w = flight.popleft()
-                got = w.results.get()
-                w.busy -= 1
-                if got is _EOF:
+                task = flight.popleft()
+                task.done.wait()
+                if task.result is _EOF:
                     raise DistributedIngestFailed(
-                        f"{name} of {item} failed: its worker process died ({w.how_it_ended()}). The files before it "
-                        "are loaded (each in its own transaction); run the command again to load the rest, "
-                        "or without --workers")
-                ok, payload = pickle.loads(got)
+                        f"{name} of {task.item} failed: its worker process died ({task.worker.how_it_ended()}). "
+                        "The files before it are loaded (each in its own transaction); run the command again to "
+                        "load the rest, or without --workers")
+                ok, payload = pickle.loads(task.result)
                 if not ok:
                     raise DistributedIngestFailed(
-                        f"{name} of {item} raised in a worker process: {payload.strip().splitlines()[-1][:300]}. "
-                        "The files before it are loaded (each in its own transaction)\n" + payload)
-                yield item, payload
+                        f"{name} of {task.item} raised in a worker process: "
+                        f"{payload.strip().splitlines()[-1][:300]}. The files before it are loaded (each in its "
+                        "own transaction)\n" + payload)
+                yield task.item, payload
         finally:
+            with self._lock:
+                self._pending.clear()
             if not done and flight:  # (an error, Ctrl-C, a caller that stopped early: their results are stale)
                 self.close()
 
-    def _worker_for(self) -> "_Worker":
-        self._procs = [w for w in self._procs if w.alive() or w.busy]
-        idle = [w for w in self._procs if not w.busy]
-        if idle:
-            return idle[0]
-        if len(self._procs) < self.workers:
-            w = _Worker()
-            self.started += 1
-            self._procs.append(w)
-            return w
-        return min(self._procs, key=lambda x: x.busy)
+    def _dispatch(self, start: bool = False) -> None:
+        """Hands the pending tasks to idle workers (``start``: starting workers up to
+        ``workers`` for them). Called with the lock held."""
+        while self._pending:
+            w = next((w for w in self._procs if w.task is None and not w.dead), None)
+            if w is None:
+                if not start or sum(not w.dead for w in self._procs) >= self.workers:
+                    return
+                w = _Worker(self)
+                self._procs.append(w)
+                self.started += 1
+            task = self._pending.popleft()
+            w.take(task, self._call)
+            self.mapped += 1
 
     def close(self) -> None:
         """Ends every worker (their input closed; still running after a moment: killed)."""
-        procs, self._procs = self._procs, []
+        with self._lock:
+            self._pending.clear()
+            procs, self._procs = self._procs, []
         for w in procs:
             w.close_input()
         for w in procs:
@@ -127,45 +132,68 @@ class FilePool:
         self.close()
 
 
-class _Worker:
-    """One worker process, and the thread reading its results."""
+class _Task:
+    """An item in flight: its result (pickled; ``_EOF`` if its worker died) once ``done``."""
 
-    def __init__(self):
+    __slots__ = ("item", "result", "done", "worker")
+
+    def __init__(self, item):
+        self.item = item
+        self.result = None
+        self.done = threading.Event()
+        self.worker: _Worker | None = None
+
+
+class _Worker:
+    """One worker process, and the thread reading its results (which hands the
+    worker its next task as soon as a result arrives)."""
+
+    def __init__(self, pool: FilePool):
+        self.pool = pool
         code = _WORKER.format(paths=[p for p in sys.path if p])
         # (a session of its own: the terminal's Ctrl-C reaches the driver alone, which closes the pool)
         self.proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      close_fds=True, start_new_session=True)
-        self.busy = 0
+        self.task: _Task | None = None
+        self.dead = False
         self.call_id = 0
-        self.results: queue.Queue = queue.Queue()
         self.reader = threading.Thread(target=self._read, name="replay-pool-reader", daemon=True)
         self.reader.start()
 
+    def take(self, task: _Task, call: tuple[int, bytes]) -> None:
+        self.task, task.worker = task, self
+        if self.call_id != call[0]:
+            self._send(call[1])
+            self.call_id = call[0]
+        self._send(b"I" + pickle.dumps(task.item, protocol=pickle.HIGHEST_PROTOCOL))
+
     def _read(self) -> None:
         out = self.proc.stdout
-        try:
-            while True:
+        while True:
+            try:
                 head = _read_exactly(out, _LEN.size)
-                if head is None:
-                    break
-                body = _read_exactly(out, _LEN.unpack(head)[0])
+                body = _read_exactly(out, _LEN.unpack(head)[0]) if head is not None else None
+            except (OSError, ValueError):
+                body = None
+            with self.pool._lock:
+                task, self.task = self.task, None
                 if body is None:
-                    break
-                self.results.put(body)
-        except (OSError, ValueError):
-            pass
-        self.results.put(_EOF)
+                    self.dead = True
+                elif task is not None:
+                    self.pool._dispatch()  # (this worker is idle: the next task, if any)
+            if task is not None:
+                task.result = _EOF if body is None else body
+                task.done.set()
+            if body is None:
+                return
 
-    def send(self, data: bytes) -> None:
+    def _send(self, data: bytes) -> None:
         try:
             self.proc.stdin.write(_LEN.pack(len(data)))
             self.proc.stdin.write(data)
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # (it died: its reader says so where the result is awaited)
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
 
     def how_it_ended(self) -> str:
         try:
@@ -188,7 +216,7 @@ class _Worker:
     def end(self) -> None:
         p = self.proc
         try:
-            p.wait(timeout=0 if self.busy else 1)
+            p.wait(timeout=0 if self.task is not None else 1)
         except subprocess.TimeoutExpired:
             p.terminate()
             try:

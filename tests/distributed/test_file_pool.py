@@ -33,8 +33,9 @@ MOONCAKE = Path("/work/shared/data/mooncake/conversation_trace.jsonl")
 def pool():
     p = FilePool(2)
     yield p
+    procs = list(p._procs)
     p.close()
-    assert all(not w.alive() for w in p._procs)
+    assert all(w.proc.poll() is not None for w in procs) and p._procs == []
 
 
 def test_results_come_in_order_and_workers_start_only_when_needed(pool):
@@ -44,6 +45,19 @@ def test_results_come_in_order_and_workers_start_only_when_needed(pool):
     assert pool.started == 2 and pool.mapped == 20
     assert list(pool.map_ordered(pow, [2, 3], 2)) == [(2, 4), (3, 9)]  # (another function, the same workers)
     assert pool.started == 2
+
+
+def test_at_most_one_item_more_than_the_workers_is_in_flight(pool):
+    drawn = []
+
+    def items():
+        for i in range(30):
+            drawn.append(i)
+            yield i
+
+    ahead = [len(drawn) - k for k, _ in enumerate(pool.map_ordered(divmod, items(), 7), 1)]
+    # (when an item is yielded, at most ``workers`` more were drawn: workers + 1 in flight)
+    assert max(ahead) == pool.workers and len(drawn) == 30
 
 
 def test_the_sample_on_two_workers_is_the_single_process(tmp_path, pool):
@@ -75,7 +89,7 @@ def test_a_small_log_is_parsed_here_without_starting_a_worker(tmp_path, monkeypa
     from replay.distributed import file_pool
 
     started = []
-    monkeypatch.setattr(file_pool._Worker, "__init__", lambda self: started.append(1) or 1 / 0)
+    monkeypatch.setattr(file_pool._Worker, "__init__", lambda self, pool: started.append(1) or 1 / 0)
     con = api.open_db(str(tmp_path / "db.duckdb"))
     s = api.ingest(con, [str(SAMPLE)], workers=2)
     con.close()
