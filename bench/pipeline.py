@@ -144,7 +144,8 @@ def _grid(ttls=TTLS):
     return Grid(ttls=tuple(ttls), blocks=BLOCKS, min_prefixes=MIN_PREFIXES, streams=STREAMS)
 
 
-def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None = None) -> dict:
+def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None = None,
+                   workers: int | None = None) -> dict:
     """The real stages through the package API, timed one by one: ingest, then the
     one ``prepare`` (tokenize and replay; what is left of its time is the wait for
     the encoder's checks), then the sweep."""
@@ -161,8 +162,10 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None 
         t0, c0 = time.perf_counter(), time.process_time()
         # (the tokenizer spec as the CLI's --chat-template makes it; without one: the default, neutral)
         tokenizer = api.load_tokenizer(api.tokenizer_spec(None, None, chat_template))  # its encoder process loads and works while ingest runs, as in `replay run`
-        ing = api.ingest(con, [logs], tokenizer=tokenizer)
+        k0 = _children_cpu_s()
+        ing = api.ingest(con, [logs], tokenizer=tokenizer, workers=workers)
         t1, c1 = time.perf_counter(), time.process_time()
+        ingest_workers_cpu = _children_cpu_s() - k0  # (the pool's processes, ended with ingest; not the encoder)
     finally:
         replay.readers.ingest.DEFAULT_BODY_BLOBS = before
     peak = {"ingest": _peak_rss_mb()}  # max RSS so far: which stage sets the peak
@@ -197,7 +200,9 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None 
         # CPU seconds of this process (all its threads) per stage, and of the
         # encoder process in all: on two cores, the sum over wall time says how
         # much of the second core was used
-        "cpu_seconds": {"ingest": c1 - c0, "prepare": c3 - c1, "sweep": c4 - c3, "encoder": _children_cpu_s()},
+        "cpu_seconds": {"ingest": c1 - c0, "ingest_workers": ingest_workers_cpu, "prepare": c3 - c1,
+                        "sweep": c4 - c3, "encoder": _children_cpu_s() - ingest_workers_cpu},
+        "workers": workers,
         "encoder": encoder_used, "tokenizer": tokenizer.name, "pipeline_s": t4 - t0 - own + close_s,
         "configs": grid.size, "trie_nodes": rep.trie_nodes,
         "db_mb": os.path.getsize(dbfile) / 1e6,
@@ -266,7 +271,7 @@ def _calibration_s() -> float:
 
 def one_run(requests: int, days: float, seed: int, turns: float, chat_share: float,
             naive: bool, workdir: Path, keep: bool, unique: bool | None = None,
-            chat_template: str | None = None) -> dict:
+            chat_template: str | None = None, workers: int | None = None) -> dict:
     """One generated log through the pipeline and, when asked, the two baselines
     (``unique`` defaults to ``naive``; neither with ``chat_template``: they render neutrally)."""
     unique = naive if unique is None else unique
@@ -284,7 +289,7 @@ def one_run(requests: int, days: float, seed: int, turns: float, chat_share: flo
     calibration = _calibration_s()
     if chat_template is not None and (naive or unique):
         raise ValueError("the baselines render neutrally: --chat-template needs --no-naive")
-    pipe = _sub("pipeline", logs=str(logs), dbfile=str(dbfile), chat_template=chat_template)
+    pipe = _sub("pipeline", logs=str(logs), dbfile=str(dbfile), chat_template=chat_template, workers=workers)
     out = {k: v for k, v in pipe.items() if k != "rows"}
     out["calibration_loop_s"] = calibration
     out["chat_template"] = chat_template
@@ -335,6 +340,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chat-template", default=None, metavar="PATH",
                     help="render bodies with this chat template (a Jinja file or a model directory, as the "
                          "CLI's --chat-template) in the pipeline; the baselines cannot: needs --no-naive (its default)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="ingest parses on this many local worker processes (default: in the pipeline's own)")
     ap.add_argument("--_stage", help=argparse.SUPPRESS)
     ap.add_argument("--_args", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -358,9 +365,9 @@ def main(argv=None) -> int:
     base = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="replay-bench-"))
     if a.scaling:
         r1 = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base / "x1", a.keep,
-                     chat_template=a.chat_template)
+                     chat_template=a.chat_template, workers=a.workers)
         r4 = one_run(4 * requests, 4 * days, a.seed, a.turns, a.chat_share, naive, base / "x4", a.keep,
-                     chat_template=a.chat_template)
+                     chat_template=a.chat_template, workers=a.workers)
         out = {"x1": r1, "x4": r4,
                "requests_ratio": r4["requests"] / r1["requests"],
                "peak_rss_ratio": r4["peak_rss_mb"] / r1["peak_rss_mb"],
@@ -368,7 +375,7 @@ def main(argv=None) -> int:
                "replay_wall_ratio": r4["replay_s"] / r1["replay_s"]}
     else:
         out = one_run(requests, days, a.seed, a.turns, a.chat_share, naive, base, a.keep,
-                      chat_template=a.chat_template)
+                      chat_template=a.chat_template, workers=a.workers)
     if not a.keep and not a.workdir:
         shutil.rmtree(base, ignore_errors=True)
     if a.json:

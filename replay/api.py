@@ -11,6 +11,7 @@ re-running a job neither repeats work nor double-counts.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from contextlib import nullcontext as _nullcontext
@@ -63,7 +64,7 @@ from replay.analysis.realised import realised_section, session_frame as realised
 from replay.readers.formats import FORMATS, TIME_UNITS  # noqa: F401
 from replay.readers.ingest import IngestSummary, summary_text  # noqa: F401
 from replay.readers.ingest import ingest as _ingest
-from replay.readers.parsed import parse_file as _parse_file
+from replay.readers.parsed import parse_unit as _parse_unit
 from replay.store import db
 from replay.store.db import DEFAULT_DB  # noqa: F401
 from replay.synth.generator import generate as synth  # noqa: F401
@@ -87,14 +88,18 @@ remove_db = db.remove
 
 
 def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False, tokenizer=None,
-           engine=None, address=None):
+           engine=None, address=None, workers=None):
     """Load logs; with ``tokenizer`` (a ``Tok``) its encoder process is handed the
     new content as it is found, to encode ahead for the tokenize stage.
     ``engine``: where the files are parsed — ``"local"`` (here), ``"ray"`` (a
-    task per file, written here in the same order: the same rows and ids), or
-    None: the enclosing :func:`replay_engine`'s."""
-    with distributed.using(engine, address) as eng:
-        parse, prepared = _parse_file, None
+    task per file or byte range of a large file, written here in the same order:
+    the same rows and ids), or None: the enclosing :func:`replay_engine`'s.
+    ``workers``: with no engine elsewhere, parse on that many local worker
+    processes (``replay.distributed.file_pool``; None or 1: in this process,
+    and a log too small to pay their start is parsed here too)."""
+    with distributed.using(engine, address) as eng, _local_pool(eng, workers) as pool:
+        eng = eng if pool is None else pool
+        parse, prepared = _parse_unit, None
         if (eng is not None and tokenizer is not None and tokenizer.render == "neutral"
                 and getattr(eng, "prepares_parts", lambda: False)()):
             # (each task also renders and encodes its file's new body parts, with the reference)
@@ -107,7 +112,24 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False,
                        warm=tokenizer.warm if tokenizer is not None else None, engine=eng, parse=parse,
                        warm_requests=tokenizer.warm_requests if tokenizer is not None
                        and tokenizer.render == TEMPLATE else None,
-                       prepared=prepared)
+                       prepared=prepared, workers=workers if pool is not None else None)
+
+
+@contextlib.contextmanager
+def _local_pool(engine, workers):
+    """A pool of ``workers`` local processes when they are asked for and no other
+    engine parses (it starts them only once there is work worth them), closed
+    after, however left."""
+    if engine is not None or workers is None or int(workers) <= 1:
+        yield None
+        return
+    from replay.distributed.file_pool import FilePool
+
+    pool = FilePool(int(workers))
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 def tokenize(con, tokenizer=None, progress=False):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from replay.readers.formats import Options
-from replay.readers.parsed import ParsedFile, parse_file
+from replay.readers.parsed import ParsedFile, parse_unit
 
 
 @functools.lru_cache(maxsize=2)
@@ -28,12 +28,12 @@ def _reference(tokenizer_json: str):
     return Engine(tk, backend="tokenizers"), info
 
 
-def parse_and_prepare(path: str, forced: str | None, opts: Options, known: frozenset = frozenset(),
+def parse_and_prepare(path, forced: str | None, opts: Options, known: frozenset = frozenset(),
                       tokenizer_json: str | None = None) -> ParsedFile:
-    """:func:`parse_file`, and with ``tokenizer_json`` its new body parts
+    """``parse_unit`` (a file, or a byte range of one: ``replay.readers.units``), and with ``tokenizer_json`` its new body parts
     rendered and encoded (``ParsedFile.prepared``: blob id → (kind, segment
     ids, parts) and segment id → tokens)."""
-    got = parse_file(path, forced, opts, known)
+    got = parse_unit(path, forced, opts, known)
     if tokenizer_json is None or got.blobs is None or not got.blobs.num_rows:
         return got
     from replay.text.encoder import Prepared

@@ -1,9 +1,10 @@
 """Ray as the engine (``--engine ray``): log files parsed by tasks, the replay
 walked by actors.
 
-**Files** (``map_ordered``): each file is parsed by a task
+**Files** (``map_ordered``): each unit of ingest (``replay.readers.units``: a
+file, or a byte range of a large JSON Lines file) is parsed by a task
 (``replay.readers.parsed``), at most CPUs + 1 in flight, and written here in
-their order.
+their order (a file's ranges merged into its one transaction).
 
 **The replay** (``replay``): the driver reads the prompts from DuckDB once, in
 processing order (``iter_prompts``), and streams them to one walker actor per

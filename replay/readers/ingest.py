@@ -28,11 +28,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay.readers.blobs import Blobs
-from replay.readers.files import ReadError, describe_error, expand_paths, file_keys, printable_path
+from replay.readers.files import ReadError, describe_error, expand_paths, file_keys, is_uri, printable_path
 from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_fields
 from replay.readers.loader import FileIngest, FileStats
-from replay.readers.parsed import ParsedFile, parse_file
-from replay.readers.timeorder import FLAGGED
+from replay.readers.parsed import ParsedFile, parse_range, parse_unit
+from replay.readers.timeorder import FLAGGED, TimeOrder
+from replay.readers.units import RANGE_BYTES, Known, Range, ranges
 from replay.readers.writer import Writer
 from replay.store import db
 from replay.store.failpoints import failpoint
@@ -105,9 +106,11 @@ def ingest(
     body_blobs: bool | None = None,
     warm=None,
     engine=None,
-    parse=parse_file,
+    parse=parse_unit,
     prepared=None,
     warm_requests=None,
+    workers: int | None = None,
+    range_bytes: int = RANGE_BYTES,
 ) -> IngestSummary:
     """Load request logs into `requests` / `rejects` / `sources`.
 
@@ -124,11 +127,17 @@ def ingest(
     the tokenize stage) — a hint that changes no result.
     `engine`: None parses the files here, one after the other; else an object
     whose ``map_ordered(fn, items, *args)`` yields ``(item, fn(item, *args))``
-    in the items' order, computed anywhere (``replay.distributed``: Ray tasks)
-    — each file is parsed there by ``parse`` (``parsed.parse_file``, or one that
-    also prepares its body parts: ``replay.distributed.files``) and written here,
-    with the same rows, ids and counts; ``prepared`` (instead of ``warm``) is
-    handed the prepared parts of the blobs stored (``Tok.add_prepared``).
+    in the items' order, computed anywhere (``replay.distributed``: local worker
+    processes, Ray tasks) — each unit (``replay.readers.units``: a file, or a
+    byte range of about ``range_bytes`` of a large JSON Lines file) is parsed
+    there by ``parse`` (``parsed.parse_unit``, or one that also prepares its
+    body parts: ``replay.distributed.files``) and written here, with the same
+    rows, ids and counts; ``prepared`` (instead of ``warm``) is handed the
+    prepared parts of the blobs stored (``Tok.add_prepared``).
+    `workers`: how many processes ``engine`` parses on, when it is this
+    machine's pool (``replay.distributed.file_pool``, made by ``replay.api``):
+    a log too small to pay their start (:func:`worth_workers`) is parsed here,
+    and the pool never starts. None (or 1): ``engine`` is used as given.
     `warm_requests`: a callable given each request stored as parts (id, ts_us,
     format, part ids) with the new parts (``Tok.warm_requests``: a chat
     template's encoder process renders them ahead) — a hint, like `warm`.
@@ -141,6 +150,8 @@ def ingest(
         body_blobs = DEFAULT_BODY_BLOBS
     opts = Options(fields=normalize_fields(fields), time_unit=time_unit, split_body=body_blobs)
     files = expand_paths([paths] if isinstance(paths, (str, os.PathLike)) else paths)
+    if engine is not None and workers is not None and not worth_workers(files, workers, range_bytes):
+        engine = None
     # A cursor is a second connection to the same database with its own
     # transaction state, so each file can commit alone even if the caller's
     # connection is inside a transaction.
@@ -153,12 +164,37 @@ def ingest(
                 run.file(path)
         else:
             known = frozenset(run.known)
-            for path, got in engine.map_ordered(parse, files, format, opts, known):
-                run.parsed(path, got)
+            try:
+                for unit, got in engine.map_ordered(parse, run.units(files, range_bytes), format, opts, known):
+                    run.parsed(unit, got)
+            except BaseException:
+                run.abandon()  # (a file cut into ranges that was still open)
+                raise
         run.wait_last_commit()
     finally:
         run.close()
     return run.summary
+
+
+#: below this much input, local worker processes cost more to start than they save
+MIN_PARALLEL_BYTES = 32 << 20
+
+
+def worth_workers(files: list[str], workers: int, range_bytes: int = RANGE_BYTES) -> bool:
+    """Are ``workers`` local processes worth starting for ``files``: more than one,
+    with at least two units of work (files, or ranges of a large file) among at
+    least MIN_PARALLEL_BYTES of local files (a remote file counts as large)."""
+    if workers <= 1:
+        return False
+    total = units = 0
+    for path in files:
+        try:
+            size = range_bytes if is_uri(path) else os.path.getsize(path)
+        except OSError:
+            size = 0
+        total += size
+        units += max(1, -(-size // range_bytes))
+    return units >= 2 and total >= MIN_PARALLEL_BYTES
 
 
 class _Run:
@@ -195,6 +231,8 @@ class _Run:
         self.hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replay-sha256")
         self.hashes = {path: self.hasher.submit(file_keys, path) for path in dict.fromkeys(files)} if hash_here else {}
         self.prepared = None  # (``ingest``'s: where parts prepared with a parsed file go)
+        self.split: _Split | None = None  # the file cut into ranges being written (its transaction open)
+        self.split_keys: dict[str, Future] = {}  # such files' keys, hashed here (a range has none)
 
     def file(self, path: str) -> None:
         """One file: skipped when its hash is known, else loaded in a transaction of its own."""
@@ -318,9 +356,13 @@ class _Run:
         self.deferred.submit(self.con.commit)
         self.deferred.submit(failpoint, "ingest.file_committed")
 
-    def parsed(self, path: str, got: ParsedFile) -> None:
-        """A file parsed elsewhere (``replay.readers.parsed``): the decisions and
+    def parsed(self, unit, got: ParsedFile) -> None:
+        """A unit parsed elsewhere (``replay.readers.parsed``): the decisions and
         rows of :meth:`file`, its request ids, source id and new blobs placed here."""
+        if isinstance(unit, Range):
+            self.ranged(unit, got)
+            return
+        path = unit if isinstance(unit, str) else unit.path
         self.summary.files += 1
         if got.status == "unopenable":
             self._unreadable(path, got.error)
@@ -331,6 +373,8 @@ class _Run:
             _tick(self.fbar)
             return
         sid, first = self.next_sid, self.next_id
+        if self.blobs is not None:
+            self.blobs.file_flushed = []
         self.deferred.submit(self.con.begin)
         try:
             if got.status == "unreadable":
@@ -350,15 +394,99 @@ class _Run:
             self.lbar.update(stats.lines)
         self._loaded(path, sha, stats)
 
-    def _place(self, got: ParsedFile, sid: int, first: int) -> None:
+    def units(self, files: list[str], range_bytes: int):
+        """The units an engine parses (``replay.readers.units``), planned a file at a
+        time as the engine asks for more. A file cut into ranges is hashed here;
+        when its path is already in `sources` its hash is awaited first, as the
+        single process does, and a known one is not parsed at all."""
+        for path in files:
+            cut = ranges(path, self.forced, range_bytes) if range_bytes > 0 else None
+            if cut is None:
+                yield path
+                continue
+            fut = self.hasher.submit(file_keys, path)
+            if printable_path(path) in self.known_paths:
+                try:
+                    keys = fut.result()
+                except OSError:
+                    yield path  # (parsed whole: its parse reports it)
+                    continue
+                if any(k in self.known for k in keys):
+                    yield Known(path, tuple(keys))
+                    continue
+            self.split_keys[path] = fut
+            yield from cut
+
+    def ranged(self, r: Range, got: ParsedFile) -> None:
+        """One byte range of a file, in order: the file's transaction opens with its
+        first range and commits with its last, its rows numbered on from the ranges
+        before (lines, request ids), its counts and time order merged."""
+        if r.index == 0:
+            self.summary.files += 1
+            if self.blobs is not None:
+                self.blobs.file_flushed = []
+            self.split = _Split(self.next_sid, self.next_id, got.stats.format)
+            self.deferred.submit(self.con.begin)
+        sp = self.split
+        assert sp is not None, "a file's ranges come in order"
+        try:
+            if sp.error is None and got.status != "ok":
+                sp.error = got.error  # (all or nothing: what its earlier ranges wrote goes)
+                self.writer.discard()
+                self.deferred.wait()
+                self.con.execute("DELETE FROM requests WHERE source_id = ?", [sp.sid])
+                self.con.execute("DELETE FROM rejects WHERE source_id = ?", [sp.sid])
+            elif sp.error is None:
+                if got.time_unit not in (None, sp.unit) and sp.unit is not None:
+                    # it guessed its numbers' unit apart from the file's: read again from the file's
+                    got = parse_range(r, self.forced, self.opts, start_unit=sp.unit)
+                self._place(got, sp.sid, sp.next, sp.lines)
+                sp.add(got)
+                if self.lbar is not None:
+                    self.lbar.update(got.stats.lines)
+            if r.last:
+                self.split = None
+                self._close_split(r.path, sp)
+        except BaseException:
+            self.split = None
+            self.writer.discard(whole_file=True)
+            self.deferred.wait(raise_errors=False)
+            db.rollback_quietly(self.con)
+            raise
+
+    def _close_split(self, path: str, sp: "_Split") -> None:
+        sha = self._new_sha(path, self.split_keys.pop(path), begun=True)
+        if sha is None:  # (its content is known, or it cannot be read: rolled back)
+            return
+        if sp.error is not None:
+            stats = self._unreadable_file(sp.sid, path, sp.stats.format, sp.error)
+        else:
+            stats = sp.stats
+            stats.time_order = sp.order.order()
+            self.next_id = sp.next
+        self._commit(path, sp.sid, sha, stats, self.opts.time_unit or sp.unit)
+        self._loaded(path, sha, stats)
+
+    def abandon(self) -> None:
+        """The engine stopped (an error, Ctrl-C) inside a file cut into ranges: roll it back."""
+        if self.split is not None:
+            self.split = None
+            self.writer.discard(whole_file=True)
+            self.deferred.wait(raise_errors=False)
+            db.rollback_quietly(self.con)
+
+    def _place(self, got: ParsedFile, sid: int, first: int, line0: int = 0) -> None:
         """A parsed file's tables with its source id, its request ids from ``first``,
+        its line numbers after ``line0`` (a byte range's: after the ranges before it),
         and only the blobs no earlier file stored, handed to the writer."""
         if got.blobs is not None and got.blobs.num_rows and self.blobs is not None:
             known = self.blobs.known
             ids = got.blobs.column("blob_id").to_pylist()
             new = np.fromiter((b not in known for b in ids), dtype=bool, count=len(ids))
             blobs = got.blobs.filter(pa.array(new))
-            known.update(blobs.column("blob_id").to_pylist())
+            new_ids = blobs.column("blob_id").to_pylist()
+            known.update(new_ids)
+            self.blobs.file_flushed.extend(new_ids)  # (forgotten again if the file is rolled back)
             blobs = blobs.set_column(3, "first_request", pc.add(blobs.column("first_request"), first))
             self.writer.insert("blobs", blobs)
             if got.prepared is not None and self.prepared is not None:
@@ -377,6 +505,9 @@ class _Run:
                 tbl = tbl.set_column(i, "request_id", pc.add(tbl.column(i), first))
             i = tbl.schema.get_field_index("source_id")
             tbl = tbl.set_column(i, "source_id", pa.array(np.full(tbl.num_rows, sid, dtype=np.int64)))
+            if line0:
+                i = tbl.schema.get_field_index("line_no")
+                tbl = tbl.set_column(i, "line_no", pc.add(tbl.column(i), line0))
             self.writer.insert(name, tbl)
 
     def wait_last_commit(self) -> None:
@@ -395,6 +526,32 @@ class _Run:
         for bar in (self.lbar, self.fbar):
             if bar is not None:
                 bar.close()
+
+
+class _Split:
+    """A file cut into ranges, while its ranges are written: its source id, its next
+    request id and line, its counts, time order and time unit so far."""
+
+    def __init__(self, sid: int, first: int, fmt: str | None):
+        self.sid, self.next, self.lines = sid, first, 0
+        self.stats = FileStats(format=fmt)
+        self.order = TimeOrder()
+        self.unit: str | None = None
+        self.error: str | None = None
+
+    def add(self, got: ParsedFile) -> None:
+        s, g = self.stats, got.stats
+        s.lines += g.lines
+        s.loaded += g.loaded
+        s.rejected += g.rejected
+        s.context += g.context
+        for k, v in g.by_reason.items():
+            s.by_reason[k] = s.by_reason.get(k, 0) + v
+        self.next += got.ids
+        self.lines += got.lines_read
+        if got.order is not None:
+            self.order.extend(got.order)
+        self.unit = self.unit or got.time_unit
 
 
 _FORGET_UNREADABLE = "DELETE FROM rejects WHERE source_id IS NULL AND reason = 'unreadable_file' AND path = ?"

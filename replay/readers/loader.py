@@ -57,6 +57,39 @@ def _looks_like_json_lines(data: bytes, lines: int = 20) -> bool:
     return False
 
 
+def detect(units: Iterator[tuple[int, Any]], forced: str | None) -> tuple[str | None, list]:
+    """The format of a line-based file from its first units (``forced`` when given),
+    and the units read to decide it (``head``: they come before the rest of
+    ``units``). A forced ``ragpulse`` also reads its first record, to tell a side
+    file of chunk lengths."""
+    fmt = forced
+    head: list[tuple[int, Any]] = []
+    if fmt is None:
+        fallback = None
+        seen = 0
+        for ln, item in units:
+            head.append((ln, item))
+            if isinstance(item, Reject):
+                continue
+            seen += 1
+            f, confident = detect_record(item)
+            if f is not None and confident:
+                fmt = f
+                break
+            if f is not None and fallback is None:
+                fallback = f
+            if seen >= DETECT_LOOKAHEAD:
+                break
+        if fmt is None:
+            fmt = fallback
+    if fmt == "ragpulse" and not head:  # forced: is this a side file of the trace?
+        for ln, item in units:
+            head.append((ln, item))
+            if not isinstance(item, Reject):
+                break
+    return fmt, head
+
+
 class FileIngest:
     """Loads one new file: units → rows/rejects, counting as it goes."""
 
@@ -75,6 +108,8 @@ class FileIngest:
         self.kind = ""
         self.memo: dict | None = None  # identity memo of body parts (trajectories)
         self.order = TimeOrder()  # the loaded units' times, in file order
+        self.detected: str | None = None  # the format of the file a byte range belongs to (``run_range``)
+        self.lines_read = 0  # JSONL lines read (``run_range``: its lines)
 
     # -- counting
     def _reject(self, line_no: int | None, r: Reject) -> None:
@@ -128,6 +163,24 @@ class FileIngest:
         self.stats.time_order = self.order.order()
         return self.stats
 
+    def run_range(self, start: int, end: int, fmt: str | None) -> FileStats:
+        """Bytes ``start`` … ``end`` of a local, uncompressed JSONL file (cut at line
+        ends: ``replay.readers.units``) as this file's lines, numbered from 1,
+        converted as ``fmt`` — the format the whole file's head decided."""
+        self.kind, self.detected = "jsonl", fmt
+        self.stats.format = fmt
+        with open(self.path, "rb", buffering=0) as raw:
+            raw.seek(start)
+            fh = io.BufferedReader(_Slice(raw, end - start), buffer_size=files.READ_BUFFER)
+            self._records(guard_units(self._counted(iter_jsonl(fh, self.slow))))
+        self.stats.time_order = self.order.order()
+        return self.stats
+
+    def _counted(self, units: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+        for ln, item in units:
+            self.lines_read = ln
+            yield ln, item
+
     def _too_large_document(self, head: bytes) -> None:
         """A .json past MAX_DOCUMENT_BYTES: JSON Lines are streamed; a whole document is one reject."""
         if self.kind == "json" and _looks_like_json_lines(head):
@@ -139,32 +192,12 @@ class FileIngest:
                                                "one may have; write it as JSON Lines (one record per line)"))
 
     def _records(self, units: Iterator[tuple[int, Any]]) -> None:
-        fmt = self.forced
-        head: list[tuple[int, Any]] = []
-        if fmt is None:
-            fallback = None
-            seen = 0
-            for ln, item in units:
-                head.append((ln, item))
-                if isinstance(item, Reject):
-                    continue
-                seen += 1
-                f, confident = detect_record(item)
-                if f is not None and confident:
-                    fmt = f
-                    break
-                if f is not None and fallback is None:
-                    fallback = f
-                if seen >= DETECT_LOOKAHEAD:
-                    break
-            if fmt is None:
-                fmt = fallback
-            self.stats.format = fmt
-        if fmt == "ragpulse" and not head:  # forced: is this a side file of the trace?
-            for ln, item in units:
-                head.append((ln, item))
-                if not isinstance(item, Reject):
-                    break
+        if self.detected is not None:  # (a byte range of a file whose format its head decided)
+            fmt, head = self.detected, []
+        else:
+            fmt, head = detect(units, self.forced)
+            if self.forced is None:
+                self.stats.format = fmt
         if fmt == LENGTHS_FORMAT or (fmt == "ragpulse" and head and is_lengths_record(head[-1][1])):
             # RAGPulse's chunk lengths: side data the trace's converter reads, no request in it
             self.stats.format = LENGTHS_FORMAT
@@ -248,3 +281,21 @@ class FileIngest:
                 self._reject(ln, item)
             else:
                 self._load(ln, fmt, item)
+
+
+class _Slice(io.RawIOBase):
+    """The next ``size`` bytes of an open file, as a stream of their own."""
+
+    def __init__(self, fh, size: int):
+        self.fh, self.left = fh, size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = min(len(b), self.left)
+        if n <= 0:
+            return 0
+        got = self.fh.readinto(memoryview(b)[:n])
+        self.left -= got
+        return got

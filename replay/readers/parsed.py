@@ -21,6 +21,8 @@ from replay.readers.blobs import Blobs
 from replay.readers.files import ReadError, describe_error, file_keys
 from replay.readers.formats import Options
 from replay.readers.loader import FileIngest, FileStats
+from replay.readers.timeorder import TimeOrder
+from replay.readers.units import Known, Range
 from replay.readers.writer import SCHEMAS, Writer
 
 
@@ -59,6 +61,9 @@ class ParsedFile:
     time_unit: str | None = None  # the unit its numeric timestamps were read in (``sources.time_unit``)
     # its body parts rendered and encoded where it was parsed (``replay.distributed.files``), or None
     prepared: tuple | None = None
+    # a byte range's (:func:`parse_range`): its lines, its loaded units' time order
+    lines_read: int = 0
+    order: TimeOrder | None = None
 
 
 def parse_file(path: str, forced: str | None, opts: Options, known: frozenset = frozenset()) -> ParsedFile:
@@ -80,3 +85,34 @@ def parse_file(path: str, forced: str | None, opts: Options, known: frozenset = 
     writer.flush()
     return ParsedFile("ok", keys, stats, writer.table("requests"), writer.table("rejects"), writer.table("blobs"),
                       ids=job.next_id, time_unit=job.opts.time_unit or job.opts.file_unit)
+
+
+def parse_range(r: Range, forced: str | None, opts: Options, known: frozenset = frozenset(),
+                start_unit: str | None = None) -> ParsedFile:
+    """One byte range of a file (``replay.readers.units``), its lines numbered from
+    1 and its request ids from 0, read as the file's format from the time unit
+    ``start_unit`` (None: the file's first number decides, as at its start).
+    ``time_unit`` is the unit the range ended with (None if it read no number),
+    for the driver to check against the ranges before it; ``keys`` is None (the
+    driver hashes the whole file)."""
+    writer = CollectingWriter(Blobs(set()) if opts.split_body else None)
+    job = FileIngest(writer, r.path, 0, 0, forced, opts, None)
+    job.opts.file_unit = start_unit
+    try:
+        stats = job.run_range(r.start, r.end, r.fmt)
+    except (ReadError, OSError) as e:
+        return ParsedFile("unreadable", None, FileStats(format=r.fmt),
+                          error=str(e) if isinstance(e, ReadError) else describe_error(e))
+    writer.flush()
+    return ParsedFile("ok", None, stats, writer.table("requests"), writer.table("rejects"), writer.table("blobs"),
+                      ids=job.next_id, time_unit=job.opts.file_unit, lines_read=job.lines_read, order=job.order)
+
+
+def parse_unit(unit, forced: str | None, opts: Options, known: frozenset = frozenset()) -> ParsedFile:
+    """A unit of ``replay.readers.units`` parsed: a whole file (its path), a byte
+    range, or a file already known (nothing to parse)."""
+    if isinstance(unit, Range):
+        return parse_range(unit, forced, opts, known)
+    if isinstance(unit, Known):
+        return ParsedFile("known", unit.keys)
+    return parse_file(unit, forced, opts, known)

@@ -33,9 +33,10 @@ class TimeOrder:
     """Counts, one timestamp (µs) at a time, the pairs of consecutive units that
     go up and down, and the largest step each way."""
 
-    __slots__ = ("prev", "pairs", "down", "up", "max_down", "max_up")
+    __slots__ = ("first", "prev", "pairs", "down", "up", "max_down", "max_up")
 
     def __init__(self) -> None:
+        self.first: int | None = None
         self.prev: int | None = None
         self.pairs = self.down = self.up = 0
         self.max_down = self.max_up = 0
@@ -43,6 +44,7 @@ class TimeOrder:
     def add(self, ts_us: int) -> None:
         prev, self.prev = self.prev, ts_us
         if prev is None:
+            self.first = ts_us
             return
         self.pairs += 1
         if ts_us < prev:
@@ -51,6 +53,22 @@ class TimeOrder:
         elif ts_us > prev:
             self.up += 1
             self.max_up = max(self.max_up, ts_us - prev)
+
+    def extend(self, later: "TimeOrder") -> None:
+        """Counts ``later``'s units as if they had been added here after these (a
+        file read in byte ranges: each range counted apart, merged in order)."""
+        if later.first is None:
+            return
+        if self.prev is None:
+            self.first = later.first
+        else:
+            self.add(later.first)  # (the pair across the cut)
+        self.prev = later.prev
+        self.pairs += later.pairs
+        self.down += later.down
+        self.up += later.up
+        self.max_down = max(self.max_down, later.max_down)
+        self.max_up = max(self.max_up, later.max_up)
 
     def order(self) -> str:
         if self.down == 0:
