@@ -234,10 +234,12 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
     yield from prompts_of(time_ordered_chunks(con, prompt_columns(with_output), chunk), segs)
 
 
-def prompts_of(tables, segs: SegmentStore) -> Iterator[Prompt]:
+def prompts_of(tables, segs: SegmentStore, want=None) -> Iterator[Prompt]:
     """The prompts of ``tables`` (Arrow tables of :func:`prompt_columns`, in
     processing order: :func:`time_ordered_chunks`, or the files a local engine's
-    worker reads), assembled from ``segs``."""
+    worker reads), assembled from ``segs``; with ``want``, only those of the
+    requests for which ``want(tenant, key, session)`` is true (the others are
+    not assembled: a conversation's requests share the three)."""
     conversations = Conversations(segs)
     read = 0
     for tbl in tables:
@@ -250,6 +252,8 @@ def prompts_of(tables, segs: SegmentStore) -> Iterator[Prompt]:
                  "input_length")}
         for k, rid in enumerate(meta["request_id"]):
             ts, key, session, model = (meta[c][k] for c in ("ts_us", "prompt_cache_key", "session", "model"))
+            if want is not None and not want(meta["tenant"][k], key, session):
+                continue
             output, shared, previous, cum, block = None, 0, None, None, None
             seg_row = out_row = None  # (text prompts only)
             if cols["block_ids"][k] is not None:

@@ -12,13 +12,17 @@ announced to the workers as soon as it is written. A worker memory-maps them
 copies) and assembles the prompts with the single pass's own code
 (``replay.core.prompts.prompts_of``), so its walks start with the first chunk.
 
-**Shares.** Whole (variant, mode) walk sets, biggest first onto the least
-loaded worker, when there are at least as many sets as workers (the
-benchmark's four modes: two a worker); else the sets split into the
-partitions of ``replay.core.partition.Router`` (a stream mode by stream, the
-global mode by its first K symbols plus the shallow task), one of each mode a
-worker, every worker routing every prompt the same way — rows exact on their
-own, global ones merged here with ``partition.merged_row``.
+**Shares** (:func:`plan`). Each global walk set is walked whole by one
+worker (it needs every prompt in one trie); the stream-mode sets are divided
+by groups of streams that hold whole caches of every mode asked for (the
+connected components of the requests' tenant, key and session streams:
+:func:`components`), each group to the worker it loads least — a worker
+walking a global set assembles every prompt anyway, the others only their
+groups' (``local_worker``). Exact without merging: a cache's requests are all
+in one group, in processing order. With no stream mode and fewer global sets
+than workers, the sets are split into the partitions of
+``replay.core.partition.Router`` (the first K symbols plus the shallow task),
+one a worker, and the global halves merged here (``partition.merged_row``).
 
 **Rows.** A worker turns its rows into an Arrow table itself
 (``replay.core.walks.walks_table``) a part of the log at a time and writes it
@@ -29,7 +33,7 @@ run leaves them stale, never half-current).
 **Processes.** Started from the fork server (``multiprocessing``'s
 ``forkserver``): the driver has DuckDB's threads, which a plain ``fork``
 would copy in whatever state they are (a held lock stays held in the child);
-the fork server is a fresh interpreter that imports this module once, started
+the fork server is a fresh interpreter that imports ``local_worker`` once, started
 when the engine is made (it warms while the caller ingests and tokenizes), so
 each worker is a cheap fork of it rather than a new interpreter importing
 numpy, pyarrow and DuckDB again. Workers ignore Ctrl-C (the driver ends
@@ -50,63 +54,111 @@ import multiprocessing.context
 import os
 import pickle
 import shutil
-import signal
 import tempfile
-import traceback
 from multiprocessing import popen_forkserver, spawn
 from multiprocessing.connection import wait as wait_for
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from replay.core import partition
-from replay.core.prompts import SegmentStore, prompt_columns, prompts_of, time_ordered_chunks
-from replay.core.replay import Replayer, _collector_paused
-from replay.core.streams import MODES
-from replay.core.walks import walks_table
+from replay.core.prompts import REPLAYABLE, prompt_columns, time_ordered_chunks
+from replay.core.streams import MODES, stream_key
 from replay.distributed import DistributedReplayFailed
-from replay.distributed.faults import inject
+from replay.distributed.local_worker import read_table, work, write_table, share_names
 from replay.store import db
 
 FAULT_ENV = "REPLAY_LOCAL_FAULT"
 CHUNK = 2_000          # requests per exported file (the single pass reads chunks of this size too)
-PART = 2_000           # prompts a worker walks between writing its rows
 MERGED_PER_SINK = 8_192  # global rows merged here before they go to the sink
 
-# A set's walk time relative to the others' (a 3-day log, one process: tenant
-# 0.090 s, key 0.081, session 0.086, global 0.119; the output's variant +15 %):
-# what "biggest first" sorts by. Every worker also reads and assembles every prompt.
-WEIGHT = {"global": 1.4, "tenant": 1.1, "session": 1.0, "key": 1.0}
-OUTPUT_WEIGHT = 1.15
+# Costs per logical prompt token, relative to assembling it (a 3-day log, one
+# process: assembling ~0.3-0.4 s, walking 0.08-0.09 s a stream mode, 0.12 s the
+# global one): what the plan balances.
+ASSEMBLE, WALK_STREAM, WALK_GLOBAL = 1.0, 0.22, 0.3
+
+#: the per-stream work a plan divides: (tenant, key, session, logical tokens) of the replayable requests
+STREAMS_SQL = f"""SELECT r.tenant, r.prompt_cache_key, r.session,
+                         sum(coalesce(p.n_tokens, r.input_length, 0))::BIGINT AS w
+                  FROM requests r LEFT JOIN prompts p USING (request_id) WHERE {REPLAYABLE} GROUP BY ALL"""
 
 
-def plan(modes, variants, workers: int, depth: int = partition.DEFAULT_DEPTH) -> list[dict]:
-    """Each worker's share: ``{"sets": [(variant, mode), ...]}`` when there are
-    at least as many sets as workers, else ``{"tasks": [partition names],
-    "modes", "variants", "parts", "depth"}``."""
+def components(modes, streams) -> tuple[dict, list[float]]:
+    """The requests' (tenant, key, session) grouped so that every cache of every
+    stream mode of ``modes`` lies in one group (the connected components of
+    their stream keys): ``{(tenant, key, session): group}`` and each group's tokens."""
+    parent: dict = {}
+
+    def find(x):
+        while parent.setdefault(x, x) != x:
+            parent[x] = x = parent[parent[x]]
+        return x
+
+    keys = []
+    for tenant, key, session, _ in streams:
+        ks = [stream_key(m, tenant, key, session) for m in modes]
+        keys.append(ks[0])
+        for k in ks[1:]:
+            a, b = find(ks[0]), find(k)
+            if a != b:
+                parent[a] = b
+    ids: dict = {}
+    group, weight = {}, []
+    for (tenant, key, session, w), k in zip(streams, keys):
+        g = ids.setdefault(find(k), len(ids))
+        if g == len(weight):
+            weight.append(0.0)
+        weight[g] += float(w or 0)
+        group[(tenant, key, session)] = g
+    return group, weight
+
+
+def plan(modes, variants, workers: int, depth: int = partition.DEFAULT_DEPTH, streams=()) -> list[dict]:
+    """Each worker's share (workers without one are not started):
+
+    * ``{"sets": [...], "scoped": [...], "streams": {(tenant, key, session), ...}}``:
+      whole global walk sets over every prompt (biggest first onto the least
+      loaded worker), and the stream-mode sets ``scoped`` over the prompts of
+      ``streams`` only — groups of streams holding whole caches of every mode
+      (:func:`components`), so a worker assembles only the prompts it walks;
+    * with no stream mode and fewer global sets than workers, ``{"tasks":
+      [partition names], "modes", "variants", "parts", "depth"}``: partitions
+      of ``partition.Router``, the global halves merged by the driver.
+
+    ``streams``: rows of :data:`STREAMS_SQL`."""
     sets = [(v, m) for v in variants for m in modes]
-    if len(sets) >= workers:
-        def weight(s):
-            return WEIGHT.get(s[1], 1.0) * (OUTPUT_WEIGHT if s[0] == "prompt+output" else 1.0)
-
-        shares: list[list] = [[] for _ in range(workers)]
-        loads = [0.0] * workers
-        for s in sorted(sets, key=weight, reverse=True):
-            w = min(range(workers), key=loads.__getitem__)
-            shares[w].append(s)
-            loads[w] += weight(s)
-        return [{"sets": sh} for sh in shares]
-    names = partition.Router(modes, workers, depth).names
-    tasks: list[list] = [[] for _ in range(workers)]
-    for name in names:
-        part = name.split("/")[1]
-        tasks[workers - 1 if part == partition.SHALLOW else int(part)].append(name)
-    return [{"tasks": t, "modes": tuple(modes), "variants": tuple(variants), "parts": workers, "depth": depth}
-            for t in tasks]
-
-
-def share_names(share: dict) -> list[str]:
-    return [f"{v}/{m}" for v, m in share["sets"]] if "sets" in share else list(share["tasks"])
+    glob = [s for s in sets if s[1] == "global"]
+    scoped = [s for s in sets if s[1] != "global"]
+    if not scoped and len(glob) < workers:
+        names = partition.Router(modes, workers, depth).names
+        tasks: list[list] = [[] for _ in range(workers)]
+        for name in names:
+            part = name.split("/")[1]
+            tasks[workers - 1 if part == partition.SHALLOW else int(part)].append(name)
+        return [{"tasks": t, "modes": tuple(modes), "variants": tuple(variants), "parts": workers, "depth": depth}
+                for t in tasks]
+    group, weight = components([m for m in MODES if m in modes and m != "global"], list(streams))
+    total = sum(weight) or 1.0
+    shares = [{"sets": [], "scoped": [], "streams": set()} for _ in range(workers)]
+    loads = [0.0] * workers
+    everything = [False] * workers  # (assembles every prompt: walks a global set)
+    for s in glob:
+        w = min(range(workers), key=loads.__getitem__)
+        shares[w]["sets"].append(s)
+        loads[w] += WALK_GLOBAL * total + (0.0 if everything[w] else ASSEMBLE * total)
+        everything[w] = True
+    mine: list[list[int]] = [[] for _ in range(workers)]
+    walk = WALK_STREAM * len(scoped)
+    for g in sorted(range(len(weight)), key=weight.__getitem__, reverse=True):
+        cost = [weight[g] * (walk + (0.0 if everything[w] else ASSEMBLE)) for w in range(workers)]
+        w = min(range(workers), key=lambda w: loads[w] + cost[w])
+        mine[w].append(g)
+        loads[w] += cost[w]
+    for w, gs in enumerate(mine):
+        if gs:
+            chosen = set(gs)
+            shares[w]["scoped"] = list(scoped)
+            shares[w]["streams"] = {t for t, g in group.items() if g in chosen}
+    return [sh for sh in shares if sh["sets"] or sh["scoped"]]
 
 
 class LocalEngine:
@@ -120,6 +172,7 @@ class LocalEngine:
         self.workers, self.depth, self.chunk = int(workers), int(depth), int(chunk)
         self.most_workers = 0  # workers of the last replay, and their process ids (tests)
         self.last_pids: list[int] = []
+        self.worker_stats: dict[str, list] = {}  # each worker's CPU seconds and peak RSS (MB), last replay
         self._ctx = multiprocessing.get_context("forkserver")
         self._started_server = False
         self._warm()
@@ -131,7 +184,7 @@ class LocalEngine:
 
         server = forkserver._forkserver
         if getattr(server, "_forkserver_pid", None) is None:
-            self._ctx.set_forkserver_preload([__name__])
+            self._ctx.set_forkserver_preload(["replay.distributed.local_worker"])
             self._started_server = True
         forkserver.ensure_running()
 
@@ -159,7 +212,9 @@ class LocalEngine:
         ``reset`` is not used: a failed worker is not retried."""
         modes = tuple(m for m in MODES if m in modes)
         variants = tuple(variants)
-        shares = plan(modes, variants, self.workers, self.depth)
+        streams = db.arrow(con, STREAMS_SQL).to_pylist() if any(m != "global" for m in modes) else []
+        shares = plan(modes, variants, self.workers, self.depth,
+                      [(r["tenant"], r["prompt_cache_key"], r["session"], r["w"]) for r in streams])
         self.most_workers = len(shares)
         run = _Run(self, con, shares, variants, int(horizon_us), sink, progress, (variants[0], modes[0]))
         self.last_pids = run.pids
@@ -182,20 +237,6 @@ def _tempdir(con) -> str:
     return tempfile.mkdtemp(prefix=".replay-walkers-", dir=where)
 
 
-def _write(path: str, tbl: pa.Table, batch: int | None = None) -> str:
-    """``tbl`` as an Arrow IPC file at ``path``, appearing whole (written beside, then renamed)."""
-    with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_file(sink, tbl.schema) as out:
-        for b in tbl.to_batches(max_chunksize=batch):
-            out.write_batch(b)
-    os.replace(path + ".tmp", path)
-    return path
-
-
-def _read(path: str) -> pa.Table:
-    """A file of :func:`_write`, memory-mapped (its buffers are views of the page cache)."""
-    return pa.ipc.open_file(pa.memory_map(path)).read_all()
-
-
 class _Run:
     """The driver's side of one replay."""
 
@@ -216,21 +257,21 @@ class _Run:
 
     def go(self) -> dict:
         segs = db.arrow(self.con, "SELECT seg_id, tokens FROM segments")
-        seg_path = _write(os.path.join(self.tmp, "segments.arrow"), segs, batch=1 << 20)
+        seg_path = write_table(os.path.join(self.tmp, "segments.arrow"), segs, batch=1 << 20)
         del segs
         fault = os.environ.get(FAULT_ENV) or None
         ctx = self.engine._ctx
         for i, share in enumerate(self.shares):
             mine, theirs = ctx.Pipe()
-            proc = _Process(target=_work, name=f"replay-walker-{i}", daemon=True,
-                               args=(theirs, seg_path, share, self.variants, self.horizon, self.with_output, fault))
+            proc = _Process(target=work, name=f"replay-walker-{i}", daemon=True,
+                            args=(theirs, seg_path, share, self.variants, self.horizon, self.with_output, fault))
             proc.start()
             theirs.close()
             self.procs.append(proc)
             self.pids.append(proc.pid)
             self.conns.append(mine)
         for k, tbl in enumerate(time_ordered_chunks(self.con, prompt_columns(self.with_output), self.engine.chunk)):
-            path = _write(os.path.join(self.tmp, f"prompts-{k:06d}.arrow"), tbl)
+            path = write_table(os.path.join(self.tmp, f"prompts-{k:06d}.arrow"), tbl)
             for i, c in enumerate(self.conns):
                 self._send(i, c, path)
             self._collect(0)
@@ -241,8 +282,10 @@ class _Run:
         if any(self.shallow.values()) or any(self.deep.values()):
             raise AssertionError("global rows left without their other half")
         self._flush_merged()
+        stats = [self.done[i][1] for i in sorted(self.done)]
+        self.engine.worker_stats = {"cpu_s": [s[0] for s in stats], "peak_rss_mb": [s[1] for s in stats]}
         nodes: dict[str, int] = {}
-        for counts in self.done.values():
+        for counts, _ in self.done.values():
             for k, n in counts.items():
                 nodes[k] = nodes.get(k, 0) + n
         return {"_nodes": nodes}
@@ -280,7 +323,7 @@ class _Run:
     def _take(self, i: int, msg) -> None:
         kind, what = msg
         if kind == "rows":
-            tbl = _read(what)
+            tbl = read_table(what)
             os.unlink(what)  # (the mapping stays valid until the table is dropped)
             if self.progress is not None:
                 v, m = self.first
@@ -386,136 +429,3 @@ class _Process(multiprocessing.context.ForkServerProcess):
     @staticmethod
     def _Popen(process_obj):
         return _Popen(process_obj)
-
-
-# --------------------------------------------------------------------------- the worker process
-
-def _die_with_parent() -> None:
-    """Be killed when the fork server (our parent) ends; it ends with the driver."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001 - not Linux: the driver still ends its workers
-        pass
-
-
-class _Sets:
-    """Whole walk sets: one ``Replayer`` per variant, over its modes."""
-
-    def __init__(self, sets, horizon: int):
-        by_variant: dict[str, list] = {}
-        for v, m in sets:
-            by_variant.setdefault(v, []).append(m)
-        self.replayers = [Replayer(tuple(m for m in MODES if m in ms), (v,), horizon) for v, ms in by_variant.items()]
-
-    def walk(self, p) -> None:
-        for r in self.replayers:
-            r.walk(p)
-
-    def take(self):
-        out: dict = {}
-        for r in self.replayers:
-            out.update(r.take())
-        return out, None
-
-    def nodes(self) -> dict[str, int]:
-        return {k: n for r in self.replayers for k, n in r.nodes().items()}
-
-
-class _Tasks:
-    """Partitions of ``partition.Router`` (every prompt routed, those of this
-    worker's partitions walked); global rows are halves the driver merges."""
-
-    def __init__(self, share: dict, variants, horizon: int):
-        self.router = partition.Router(share["modes"], share["parts"], share["depth"])
-        self.parts = {name: Replayer((name.split("/")[0],), variants, horizon) for name in share["tasks"]}
-        self.boundary: dict[int, int] = {}
-
-    def walk(self, p) -> None:
-        routed, b = self.router.route(p)
-        for name, q in routed:
-            part = self.parts.get(name)
-            if part is not None:
-                part.walk(q)
-                if b is not None and name.startswith("global/") and not name.endswith(partition.SHALLOW):
-                    self.boundary[p.request_id] = b
-
-    def take(self):
-        final: dict = {}
-        shallow: dict = {}
-        deep: dict = {}
-        for name, part in self.parts.items():
-            for (v, m), rows in part.take().items():
-                if m != "global":
-                    final.setdefault((v, m), []).extend(rows)
-                else:
-                    (shallow if name.endswith(partition.SHALLOW) else deep).setdefault(v, []).extend(rows)
-        halves = None
-        if shallow or deep or self.boundary:
-            halves, self.boundary = (shallow, deep, self.boundary), {}
-        return final, halves
-
-    def nodes(self) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for part in self.parts.values():
-            for k, n in part.nodes().items():
-                total[k] = total.get(k, 0) + n
-        return total
-
-
-def _work(conn, seg_path: str, share: dict, variants, horizon: int, with_output: bool, fault) -> None:
-    """A worker: walk its share over the prompts the driver announces, write its
-    rows a part at a time, say when it is done (or what it raised)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the driver's: it ends us)
-    _die_with_parent()
-    try:
-        with _collector_paused():
-            nodes = _walk_share(conn, seg_path, share, variants, horizon, with_output, fault)
-        conn.send(("done", nodes))
-    except BaseException:  # noqa: BLE001 - told to the driver, which stops the replay
-        try:
-            conn.send(("error", traceback.format_exc()))
-        finally:
-            os._exit(1)
-
-
-def _walk_share(conn, seg_path, share, variants, horizon, with_output, fault) -> dict:
-    folder = os.path.dirname(seg_path)
-    me = f"{os.getpid()}"
-    reader = pa.ipc.open_file(pa.memory_map(seg_path))
-    segs = SegmentStore(table=reader.schema.empty_table())
-    for b in range(reader.num_record_batches):  # (batch by batch: views of the mapping, no copy)
-        segs.add(pa.Table.from_batches([reader.get_batch(b)]))
-    walker = _Sets(share["sets"], horizon) if "sets" in share else _Tasks(share, variants, horizon)
-
-    def tables():
-        while (path := conn.recv()) is not None:
-            yield _read(path)
-
-    parts = 0
-
-    def flush() -> None:
-        nonlocal parts
-        final, halves = walker.take()
-        tbl = walks_table(final)
-        if tbl is not None:
-            parts += 1
-            conn.send(("rows", _write(os.path.join(folder, f"rows-{me}-{parts:06d}.arrow"), tbl)))
-        if halves is not None:
-            parts += 1
-            path = os.path.join(folder, f"halves-{me}-{parts:06d}.pickle")
-            with open(path + ".tmp", "wb") as f:
-                pickle.dump(halves, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(path + ".tmp", path)
-            conn.send(("halves", path))
-
-    for k, p in enumerate(prompts_of(tables(), segs), 1):
-        if k == 1 and fault:
-            for name in share_names(share):
-                inject(fault, name)
-        walker.walk(p)
-        if k % PART == 0:
-            flush()
-    flush()
-    return walker.nodes()

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 
 from replay.core import partition, streamed
 from replay.distributed import DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable

@@ -23,7 +23,7 @@ import pytest
 from replay import api, distributed
 from replay.core.streams import MODES, VARIANTS
 from replay.distributed import DistributedReplayFailed
-from replay.distributed.local_engine import FAULT_ENV, LocalEngine, plan
+from replay.distributed.local_engine import FAULT_ENV, LocalEngine, components, plan
 from replay.store import walksets
 from replay.times import INF_US
 from support import procs
@@ -78,15 +78,26 @@ def test_make_gives_a_local_engine_only_for_several_workers():
         distributed.make("local", workers=2, partitions=4)
 
 
-def test_the_plan_gives_whole_sets_biggest_first_else_partitions():
-    shares = plan(MODES, ("prompt",), 2)
-    assert sorted(len(s["sets"]) for s in shares) == [2, 2]
-    assert ("prompt", "global") in shares[0]["sets"]  # (the biggest, placed first)
-    assert sorted(x for s in shares for x in s["sets"]) == sorted(("prompt", m) for m in MODES)
-    tasks = plan(("global", "tenant"), ("prompt",), 3)  # 2 sets, 3 workers
-    assert [len(s["tasks"]) for s in tasks] == [2, 2, 3]
-    assert sorted(t for s in tasks for t in s["tasks"]) == sorted(
-        ["global/shallow"] + [f"{m}/{i}" for m in ("global", "tenant") for i in range(3)])
+def test_the_plan_gives_whole_global_sets_and_groups_of_whole_streams():
+    # two tenants; a key shared by two sessions of one tenant; a session under two keys
+    streams = [("a", "k1", "s1", 100), ("a", "k1", "s2", 100), ("a", "k2", "s2", 50),
+               ("b", None, "s3", 300), ("b", None, None, 20)]
+    group, weight = components(("tenant", "key", "session"), streams)
+    assert len(weight) == 2 and sorted(weight) == [250, 320]
+    assert group[("a", "k1", "s1")] == group[("a", "k2", "s2")] != group[("b", None, None)]
+    by_session = components(("session",), streams)[1]  # (session mode alone: finer groups)
+    assert sorted(by_session) == [20, 100, 150, 300]
+    shares = plan(MODES, ("prompt",), 2, streams=streams)
+    assert [s["sets"] for s in shares] == [[("prompt", "global")], []]
+    assert shares[1]["scoped"] == [("prompt", m) for m in ("tenant", "key", "session")]
+    everything = {t[:3] for t in streams}
+    assert set().union(*(s["streams"] for s in shares)) == everything  # (each group walked once)
+    assert not shares[0]["streams"] & shares[1]["streams"]
+    # fewer workers with work than asked: one group, no global set
+    assert len(plan(("tenant",), ("prompt",), 3, streams=[("a", None, None, 5)])) == 1
+    tasks = plan(("global",), ("prompt", "prompt+output"), 3)  # 2 global sets, 3 workers: partitions
+    assert [len(s["tasks"]) for s in tasks] == [1, 1, 2]
+    assert sorted(t for s in tasks for t in s["tasks"]) == ["global/0", "global/1", "global/2", "global/shallow"]
 
 
 @pytest.mark.parametrize("horizon_us", [INF_US, 300_000_000])
@@ -109,15 +120,15 @@ def test_rows_equal_the_single_pass_on_generated_logs_at_several_horizons(genera
 
 @pytest.mark.parametrize("workers, modes, variants", [
     (3, ("global",), ("prompt", "prompt+output")),   # 2 sets, 3 workers: partitions, global halves merged
-    (4, ("global", "session"), ("prompt",)),
-    (3, ("tenant",), ("prompt+output",)),
+    (4, ("global", "session"), ("prompt",)),         # a whole global set, sessions in groups
+    (3, ("tenant", "key"), ("prompt+output",)),      # groups of tenants (with their keys) only
 ])
 def test_more_workers_than_sets_split_the_sets_into_partitions(generated, workers, modes, variants):
     want = _rows(generated, None, 600_000_000, modes, variants)
     eng = LocalEngine(workers=workers, depth=8)  # (a shallow K: most global rows are spliced)
     try:
         assert _rows(generated, eng, 600_000_000, modes, variants) == want
-        assert eng.most_workers == workers
+        assert 1 < eng.most_workers <= workers
     finally:
         eng.close()
 
