@@ -174,30 +174,34 @@ class LocalEngine:
         self.last_pids: list[int] = []
         self.worker_stats: dict[str, list] = {}  # each worker's CPU seconds and peak RSS (MB), last replay
         self._ctx = multiprocessing.get_context("forkserver")
-        self._started_server = False
+        self._started_server = self._started_tracker = False
         self._warm()
 
     def _warm(self) -> None:
         """Start the fork server now, this module preloaded in it (it imports
         while the caller goes on); it stays for the next replays of this engine."""
-        from multiprocessing import forkserver
+        from multiprocessing import forkserver, resource_tracker
 
         server = forkserver._forkserver
         if getattr(server, "_forkserver_pid", None) is None:
             self._ctx.set_forkserver_preload(["replay.distributed.local_worker"])
             self._started_server = True
-        forkserver.ensure_running()
+        self._started_tracker = getattr(resource_tracker._resource_tracker, "_pid", 0) is None
+        forkserver.ensure_running()  # (and multiprocessing's resource tracker, which it needs)
 
     def close(self) -> None:
-        """Stop the fork server this engine started (the workers are gone already)."""
-        if self._started_server:
-            from multiprocessing import forkserver
+        """Stop the fork server (and resource tracker) this engine started: the
+        workers are gone already, and no helper process outlives the engine."""
+        from multiprocessing import forkserver, resource_tracker
 
-            try:
-                forkserver._forkserver._stop()
-            except Exception:  # noqa: BLE001 - already gone
-                pass
-            self._started_server = False
+        for started, helper in ((self._started_server, forkserver._forkserver),
+                                (self._started_tracker, resource_tracker._resource_tracker)):
+            if started:
+                try:
+                    helper._stop()
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        self._started_server = self._started_tracker = False
 
     def __enter__(self):
         return self
@@ -256,20 +260,21 @@ class _Run:
         self.merged_key = None
 
     def go(self) -> dict:
-        segs = db.arrow(self.con, "SELECT seg_id, tokens FROM segments")
-        seg_path = write_table(os.path.join(self.tmp, "segments.arrow"), segs, batch=1 << 20)
-        del segs
         fault = os.environ.get(FAULT_ENV) or None
-        ctx = self.engine._ctx
-        for i, share in enumerate(self.shares):
-            mine, theirs = ctx.Pipe()
+        for i, share in enumerate(self.shares):  # (first: they start while the segments are written)
+            mine, theirs = self.engine._ctx.Pipe()
             proc = _Process(target=work, name=f"replay-walker-{i}", daemon=True,
-                            args=(theirs, seg_path, share, self.variants, self.horizon, self.with_output, fault))
+                            args=(theirs, share, self.variants, self.horizon, fault))
             proc.start()
             theirs.close()
             self.procs.append(proc)
             self.pids.append(proc.pid)
             self.conns.append(mine)
+        segs = db.arrow(self.con, "SELECT seg_id, tokens FROM segments")
+        seg_path = write_table(os.path.join(self.tmp, "segments.arrow"), segs, batch=1 << 20)
+        del segs
+        for i, c in enumerate(self.conns):
+            self._send(i, c, seg_path)
         for k, tbl in enumerate(time_ordered_chunks(self.con, prompt_columns(self.with_output), self.engine.chunk)):
             path = write_table(os.path.join(self.tmp, f"prompts-{k:06d}.arrow"), tbl)
             for i, c in enumerate(self.conns):

@@ -141,14 +141,14 @@ class _Tasks:
         return total
 
 
-def work(conn, seg_path: str, share: dict, variants, horizon: int, with_output: bool, fault) -> None:
+def work(conn, share: dict, variants, horizon: int, fault) -> None:
     """A worker: walk its share over the prompts the driver announces, write its
     rows a part at a time, say when it is done (or what it raised)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C is the driver's: it ends us)
     _die_with_parent()
     try:
         with _collector_paused():
-            nodes = _walk_share(conn, seg_path, share, variants, horizon, with_output, fault)
+            nodes = _walk_share(conn, share, variants, horizon, fault)
         use = resource.getrusage(resource.RUSAGE_SELF)
         conn.send(("done", (nodes, (use.ru_utime + use.ru_stime, use.ru_maxrss / 1024.0))))
     except BaseException:  # noqa: BLE001 - told to the driver, which stops the replay
@@ -158,7 +158,8 @@ def work(conn, seg_path: str, share: dict, variants, horizon: int, with_output: 
             os._exit(1)
 
 
-def _walk_share(conn, seg_path, share, variants, horizon, with_output, fault) -> dict:
+def _walk_share(conn, share, variants, horizon, fault) -> dict:
+    seg_path = conn.recv()  # (the driver's first message: the segments, then each chunk of requests)
     folder = os.path.dirname(seg_path)
     me = f"{os.getpid()}"
     reader = pa.ipc.open_file(pa.memory_map(seg_path))

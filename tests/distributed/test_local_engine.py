@@ -188,6 +188,19 @@ def test_no_worker_outlives_a_replay(sample_con, engine):
     assert not _leftover_folders(sample_con)
 
 
+def test_an_engine_closed_leaves_no_helper_process(sample_con):
+    from multiprocessing import forkserver
+
+    eng = LocalEngine(workers=2)
+    try:
+        _rows(sample_con, eng, modes=("session",), variants=("prompt",))
+        # (the fork server is this engine's to stop when it started it: not when another engine had)
+        helpers = [forkserver._forkserver._forkserver_pid] if eng._started_server else []
+    finally:
+        eng.close()
+    assert eng.last_pids and _gone([*eng.last_pids, *helpers])
+
+
 _SCRIPT = """
 import sys
 from replay import api
