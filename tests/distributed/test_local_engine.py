@@ -239,3 +239,25 @@ def test_ctrl_c_during_the_replay_ends_the_workers_and_records_nothing(tmp_path)
         assert not _leftover_folders(con)
     finally:
         con.close()
+
+
+def test_the_progress_bar_counts_every_request_once(sample_con, engine, monkeypatch):
+    import tqdm.auto
+
+    counted = []
+
+    class Bar:
+        def __init__(self, total=None, **_):
+            self.total, self.n = total, 0
+
+        def update(self, n=1):
+            self.n += n
+
+        def close(self):
+            counted.append((self.n, self.total))
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    walksets.forget(sample_con, [(v, m) for v in VARIANTS for m in MODES])
+    api.prepare(sample_con, modes=MODES, variants=VARIANTS, progress=True, engine=engine)
+    total = sample_con.execute("SELECT count(*) FROM walks WHERE variant = 'prompt' AND mode = 'tenant'").fetchone()[0]
+    assert counted == [(total, total)]
