@@ -144,16 +144,18 @@ def _grid(ttls=TTLS):
     return Grid(ttls=tuple(ttls), blocks=BLOCKS, min_prefixes=MIN_PREFIXES, streams=STREAMS)
 
 
-def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None = None,
-                   workers: int | None = None) -> dict:
+def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None = None, workers: int = 1) -> dict:
     """The real stages through the package API, timed one by one: ingest, then the
     one ``prepare`` (tokenize and replay; what is left of its time is the wait for
-    the encoder's checks), then the sweep."""
+    the encoder's checks), then the sweep. ``workers`` > 1: the replay's engine is
+    ``replay.distributed.make("local", workers=workers)``, made first (its fork
+    server starts while ingest runs)."""
     import replay.readers.ingest
-    from replay import api
+    from replay import api, distributed
     from replay.core.sweep import sweep
 
     grid = _grid(ttls)
+    engine = distributed.make("local", workers=workers)
     con = api.open_db(dbfile)
     before = replay.readers.ingest.DEFAULT_BODY_BLOBS
     replay.readers.ingest.DEFAULT_BODY_BLOBS = True  # content-addressed bodies (see bench/README.md)
@@ -169,8 +171,11 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None 
     finally:
         replay.readers.ingest.DEFAULT_BODY_BLOBS = before
     peak = {"ingest": _peak_rss_mb()}  # max RSS so far: which stage sets the peak
-    done = api.prepare(con, modes=STREAMS, horizon_us=grid.horizon_us, tokenizer=tokenizer)
+    done = api.prepare(con, modes=STREAMS, horizon_us=grid.horizon_us, tokenizer=tokenizer, engine=engine)
     c3 = time.process_time()
+    workers_peak = _workers_peak_mb(engine)
+    if engine is not None:
+        engine.close()  # (its fork server: the workers ended with the replay)
     tok, rep = done["tokenize"], done["replay"]
     peak["replay"] = _peak_rss_mb()
     own = time.perf_counter()  # the bench's own look at the encoder process: not counted
@@ -201,8 +206,9 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None 
         # encoder process in all: on two cores, the sum over wall time says how
         # much of the second core was used
         "cpu_seconds": {"ingest": c1 - c0, "ingest_workers": ingest_workers_cpu, "prepare": c3 - c1,
-                        "sweep": c4 - c3, "encoder": _children_cpu_s() - ingest_workers_cpu},
-        "workers": workers,
+                        "sweep": c4 - c3, "encoder": _children_cpu_s() - ingest_workers_cpu,
+                        "replay_workers": workers_cpu_s(engine)},
+        "workers": workers, "peak_rss_replay_workers_mb": workers_peak,
         "encoder": encoder_used, "tokenizer": tokenizer.name, "pipeline_s": t4 - t0 - own + close_s,
         "configs": grid.size, "trie_nodes": rep.trie_nodes,
         "db_mb": os.path.getsize(dbfile) / 1e6,
@@ -211,6 +217,16 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None 
         "peak_rss_mb": tree_peak, "peak_rss_main_mb": _peak_rss_mb(),
         "peak_rss_encoder_mb": helper_peak, "peak_rss_after_stage_mb": peak, "rows": rows,
     }
+
+
+def workers_cpu_s(engine) -> float | None:
+    """CPU seconds of the replay's worker processes (children of the fork server,
+    not of this process: each reported its own)."""
+    return None if engine is None else sum(engine.worker_stats.get("cpu_s", []))
+
+
+def _workers_peak_mb(engine) -> list | None:
+    return None if engine is None else engine.worker_stats.get("peak_rss_mb")
 
 
 def stage_naive(logs: str, ttls=TTLS) -> dict:
@@ -271,7 +287,7 @@ def _calibration_s() -> float:
 
 def one_run(requests: int, days: float, seed: int, turns: float, chat_share: float,
             naive: bool, workdir: Path, keep: bool, unique: bool | None = None,
-            chat_template: str | None = None, workers: int | None = None) -> dict:
+            chat_template: str | None = None, workers: int = 1) -> dict:
     """One generated log through the pipeline and, when asked, the two baselines
     (``unique`` defaults to ``naive``; neither with ``chat_template``: they render neutrally)."""
     unique = naive if unique is None else unique
@@ -340,8 +356,8 @@ def main(argv=None) -> int:
     ap.add_argument("--chat-template", default=None, metavar="PATH",
                     help="render bodies with this chat template (a Jinja file or a model directory, as the "
                          "CLI's --chat-template) in the pipeline; the baselines cannot: needs --no-naive (its default)")
-    ap.add_argument("--workers", type=int, default=None,
-                    help="ingest parses on this many local worker processes (default: in the pipeline's own)")
+    ap.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="processes of this machine for ingest, tokenize and the replay (default 1: one process)")
     ap.add_argument("--_stage", help=argparse.SUPPRESS)
     ap.add_argument("--_args", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

@@ -4,7 +4,7 @@ and distances, and the same counts, without a Python object per tree step.
 
 :class:`Recorder` is one replica's pool at one block size (the package's only
 implementation: the tests hold it to the contract's brute force in
-``replay.core.oracle``); :func:`capacity_counts` turns every request's
+``tests/support/oracle.py``); :func:`capacity_counts` turns every request's
 segments into hit counts for a grid of TTLs and capacities, and
 :func:`hit_depths` gives one (TTL, capacity)'s hit request by request.
 """

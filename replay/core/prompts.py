@@ -211,6 +211,16 @@ class NotTokenized(RuntimeError):
     """Requests wait for the tokenize stage."""
 
 
+def prompt_columns(with_output: bool) -> str:
+    """What the replay reads of ``requests r LEFT JOIN prompts p`` per request
+    (:func:`time_ordered_chunks`' columns; ``replay.distributed.local_engine``
+    exports them for its worker processes)."""
+    out_col = "p.output_seg_ids" if with_output else "NULL"
+    return f"""
+            r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model, r.format,
+            p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.block_lengths, r.input_length"""
+
+
 def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
                  segs: SegmentStore | None = None) -> Iterator[Prompt]:
     """Every replayable request in processing order (time, then input order), as
@@ -221,12 +231,18 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
     if missing:
         raise NotTokenized(f"{missing} requests are not tokenized yet: run the tokenize stage first")
     segs = SegmentStore(con) if segs is None else segs
-    out_col = "p.output_seg_ids" if with_output else "NULL"
+    yield from prompts_of(time_ordered_chunks(con, prompt_columns(with_output), chunk), segs)
+
+
+def prompts_of(tables, segs: SegmentStore, want=None) -> Iterator[Prompt]:
+    """The prompts of ``tables`` (Arrow tables of :func:`prompt_columns`, in
+    processing order: :func:`time_ordered_chunks`, or the files a local engine's
+    worker reads), assembled from ``segs``; with ``want``, only those of the
+    requests for which ``want(tenant, key, session)`` is true (the others are
+    not assembled: a conversation's requests share the three)."""
     conversations = Conversations(segs)
     read = 0
-    for tbl in time_ordered_chunks(con, f"""
-            r.request_id, r.ts_us, r.tenant, r.prompt_cache_key, r.session, r.model, r.format,
-            p.seg_ids, {out_col} AS output_seg_ids, r.block_ids, r.block_lengths, r.input_length""", chunk):
+    for tbl in tables:
         read += tbl.num_rows
         segs.reach(read)  # (a window of the segments reads those this chunk uses first)
         # Arrow, not Python lists: a chunk's token-id lists stay 8 bytes an id
@@ -236,6 +252,8 @@ def iter_prompts(con, with_output: bool = False, chunk: int = 2_000,
                  "input_length")}
         for k, rid in enumerate(meta["request_id"]):
             ts, key, session, model = (meta[c][k] for c in ("ts_us", "prompt_cache_key", "session", "model"))
+            if want is not None and not want(meta["tenant"][k], key, session):
+                continue
             output, shared, previous, cum, block = None, 0, None, None, None
             seg_row = out_row = None  # (text prompts only)
             if cols["block_ids"][k] is not None:

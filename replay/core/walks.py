@@ -84,9 +84,9 @@ def delete_walks(con, keys) -> None:
 WALK_COLUMNS = ("request_id", "stream", "model", "ts_us", "prompt_tokens", "gaps", "depths", "origins")
 
 
-def insert_walks(con, result: dict) -> None:
-    """Add the rows of every (variant, mode) in ``result`` — lists of tuples in
-    :data:`WALK_COLUMNS` order — to `walks`, in one insert."""
+def walks_table(result: dict) -> pa.Table | None:
+    """The rows of every (variant, mode) in ``result`` — lists of tuples in
+    :data:`WALK_COLUMNS` order — as one Arrow table of `walks` columns (None: no rows)."""
     parts = []
     for (v, m), rows in result.items():
         if not rows:
@@ -101,6 +101,13 @@ def insert_walks(con, result: dict) -> None:
             "depths": pa.array(depths, pa.list_(pa.int64())),
             "origins": pa.array(origins, pa.list_(pa.int8())),
         }))
-    if parts:
-        tbl = pa.concat_tables(parts)  # noqa: F841 - read by DuckDB by name
+    return pa.concat_tables(parts) if parts else None
+
+
+def insert_walks(con, result) -> None:
+    """Add rows to `walks`, in one insert: those of every (variant, mode) in
+    ``result`` (lists of tuples in :data:`WALK_COLUMNS` order), or ``result``
+    itself when it is a table of :func:`walks_table` (rows made in another process)."""
+    tbl = result if isinstance(result, pa.Table) else walks_table(result)  # noqa: F841 - read by DuckDB by name
+    if tbl is not None and tbl.num_rows:
         con.execute("INSERT INTO walks BY NAME SELECT * FROM tbl")

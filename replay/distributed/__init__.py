@@ -1,4 +1,5 @@
-"""Where a walk set is computed: this process (the default, and the oracle) or Ray.
+"""Where a walk set is computed: this process (the default, and the oracle), its
+worker processes (``local_engine``: ``make("local", workers=N)``) or Ray.
 
 An engine changes only *where* log files are parsed (``replay.readers.parsed``:
 each file on its own, written by this process in the same order, ids and rows)
@@ -42,11 +43,20 @@ class DistributedIngestFailed(RuntimeError):
 
 
 def make(name: str, address: str | None = None, **options):
-    """The engine called ``name``: None for ``local``, a :class:`RayEngine` for ``ray``."""
+    """The engine called ``name``: for ``local``, None (this process, the single
+    pass) or, with ``workers`` > 1, a :class:`LocalEngine` (the replay in that
+    many worker processes of this machine); a :class:`RayEngine` for ``ray``."""
     if name in (None, "local"):
         if address:
             raise ValueError("--address is for --engine ray")
-        return None
+        workers = options.pop("workers", None)
+        if options:
+            raise ValueError(f"the local engine takes only workers, not {', '.join(sorted(options))}")
+        if workers is None or int(workers) <= 1:
+            return None
+        from replay.distributed.local_engine import LocalEngine
+
+        return LocalEngine(workers=int(workers))
     if name != "ray":
         raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
     if importlib.util.find_spec("ray") is None:

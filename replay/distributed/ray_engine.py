@@ -46,10 +46,10 @@ from __future__ import annotations
 
 import collections
 import os
-import time
 
 from replay.core import partition, streamed
 from replay.distributed import DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable
+from replay.distributed.faults import inject as _inject
 from replay.core.prompts import iter_prompts
 from replay.core.segment_window import SegmentWindow
 
@@ -60,29 +60,6 @@ DEFAULT_RETRIES = 3
 
 def _apply(fn, item, *args):
     return fn(item, *args)
-
-
-def _inject(fault: str, name: str) -> None:
-    kind, _, rest = fault.partition(":")
-    target, _, marker = rest.partition(":")
-    if target != name:
-        return
-    if kind == "exit-once":
-        if os.path.exists(marker):
-            return
-        with open(marker, "w") as f:
-            f.write(name)
-        os._exit(1)
-    if kind == "exit":
-        os._exit(1)
-    if kind == "raise":
-        raise RuntimeError(f"injected failure in task {name}")
-    if kind == "sleep":  # (time to interrupt the command)
-        seconds, _, started = marker.partition(":")
-        if started:
-            with open(started, "w") as f:
-                f.write(name)
-        time.sleep(float(seconds))
 
 
 class RayEngine:
