@@ -97,3 +97,23 @@ def trace_blocks(p: "Prompt", b: int) -> tuple[int, int]:
     if b % p.block:
         raise ValueError(f"a block trace has {p.block}-token blocks: choose a multiple of it")
     return b // p.block, n_blocks
+
+
+def trace_prompts(ts_us, input_length, hash_ids, block, tenant: str = "default") -> list[Prompt]:
+    """The prompts ``iter_prompts`` reads back after ingest loaded a Mooncake
+    trace's requests (per request, in file order: time in µs, prompt tokens,
+    block ids, tokens of a block), in processing order: time, then file order.
+    A block of another size than 512 has its lengths stored by ingest
+    (``readers.traces.convert_mooncake``), and so here."""
+    order = sorted(range(len(ts_us)), key=ts_us.__getitem__)  # (stable: ties keep the file's order)
+    out = []
+    for i in order:
+        ids, n_in, b = hash_ids[i], input_length[i], block[i]
+        if b != MOONCAKE_BLOCK and ids:
+            lengths = [b] * (len(ids) - 1) + [min(b, n_in - b * (len(ids) - 1))] if len(ids) > 1 else [min(b, n_in)]
+            symbols, cum, size = block_symbols(ids, lengths, n_in)
+        else:
+            (symbols, cum), size = mooncake_symbols(ids, n_in), MOONCAKE_BLOCK
+        out.append(Prompt(i, ts_us[i], tenant, None, None, symbols, cum, None, max(int(cum[-1]), n_in), None,
+                          block=size))
+    return out
