@@ -46,7 +46,7 @@ def direct_capacity(logs, fmt, fields, time_unit, tokenizer, engine, address, as
     trace = read_mooncake(path, time_unit)
     if trace is None:
         return None
-    prompts = trace_prompts(trace.ts_us, trace.input_length, trace.hash_ids, trace.block)
+    prompts = trace_prompts(trace)
     try:
         rows = row_dicts(capacity_rows(prompts, len(prompts), grid, bytes_per_token, cost), grid, cost)
     except ValueError as e:

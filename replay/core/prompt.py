@@ -99,21 +99,32 @@ def trace_blocks(p: "Prompt", b: int) -> tuple[int, int]:
     return b // p.block, n_blocks
 
 
-def trace_prompts(ts_us, input_length, hash_ids, block, tenant: str = "default") -> list[Prompt]:
+def trace_prompts(trace, tenant: str = "default") -> list[Prompt]:
     """The prompts ``iter_prompts`` reads back after ingest loaded a Mooncake
-    trace's requests (per request, in file order: time in µs, prompt tokens,
-    block ids, tokens of a block), in processing order: time, then file order.
-    A block of another size than 512 has its lengths stored by ingest
+    trace (``replay.readers.direct.HashTrace``: per request, in file order,
+    time in µs, prompt tokens, tokens of a block, block ids), in processing
+    order: time, then file order. Each request's symbols and depths are what
+    :func:`mooncake_symbols` makes (views of one array made for all of them);
+    a block of another size than 512 has its lengths stored by ingest
     (``readers.traces.convert_mooncake``), and so here."""
-    order = sorted(range(len(ts_us)), key=ts_us.__getitem__)  # (stable: ties keep the file's order)
+    off, n_in, block = trace.offsets, trace.input_length, trace.block
+    k = np.diff(off)
+    symbols = -(trace.ids + 1)
+    # depths: request i's k_i + 1 entries are 0, 512, …, 512·(k_i − 1), then its input_length
+    starts = off + np.arange(len(off))  # (where request i's depths start: its ids before, plus one each)
+    within = np.arange(int(starts[-1]), dtype=np.int64) - np.repeat(starts[:-1], k + 1)
+    cum = MOONCAKE_BLOCK * within
+    last = starts[:-1] + k
+    cum[last[k > 0]] = n_in[k > 0]
     out = []
-    for i in order:
-        ids, n_in, b = hash_ids[i], input_length[i], block[i]
-        if b != MOONCAKE_BLOCK and ids:
-            lengths = [b] * (len(ids) - 1) + [min(b, n_in - b * (len(ids) - 1))] if len(ids) > 1 else [min(b, n_in)]
-            symbols, cum, size = block_symbols(ids, lengths, n_in)
+    for i in np.argsort(trace.ts_us, kind="stable").tolist():  # (stable: ties keep the file's order)
+        a, b, n = int(off[i]), int(off[i + 1]), int(n_in[i])
+        if block[i] != MOONCAKE_BLOCK and b > a:
+            size = int(block[i])
+            lengths = [size] * (b - a - 1) + [min(size, n - size * (b - a - 1))]
+            sym, depths, size = block_symbols(trace.ids[a:b], lengths, n)
         else:
-            (symbols, cum), size = mooncake_symbols(ids, n_in), MOONCAKE_BLOCK
-        out.append(Prompt(i, ts_us[i], tenant, None, None, symbols, cum, None, max(int(cum[-1]), n_in), None,
-                          block=size))
+            sym, depths, size = symbols[a:b], cum[starts[i]:starts[i] + b - a + 1], MOONCAKE_BLOCK
+        out.append(Prompt(i, int(trace.ts_us[i]), tenant, None, None, sym, depths, None, max(int(depths[-1]), n),
+                          None, block=size))
     return out

@@ -16,12 +16,14 @@ the prompts ``iter_prompts`` would have read back.
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass
 
 import msgspec
+import numpy as np
 
-from replay.readers.fields import INT64, MAX_LIST_ITEMS
+from replay.readers.fields import MAX_LIST_ITEMS
 from replay.readers.timeorder import TimeOrder
 from replay.times import UNIT_US
 
@@ -39,19 +41,21 @@ class _Record(msgspec.Struct, forbid_unknown_fields=True):
     block_size: int | None = None
 
 
-_DECODE = msgspec.json.Decoder(_Record).decode
+_DECODE = msgspec.json.Decoder(list[_Record]).decode
 
 
 @dataclass
 class HashTrace:
-    """One file's requests in file order: time (µs), prompt tokens, block ids and
-    the tokens of a block (512 unless the line says ``block_size``); and the
-    time order of the file (``replay.readers.timeorder``)."""
+    """One file's requests in file order (int64 arrays): time (µs), prompt tokens,
+    the tokens of a block (512 unless the line says ``block_size``), and their
+    block ids, flat (request i's are ``ids[offsets[i]:offsets[i + 1]]``); and
+    the time order of the file (``replay.readers.timeorder``)."""
     path: str
-    ts_us: list[int]
-    input_length: list[int]
-    hash_ids: list[list[int]]
-    block: list[int]
+    ts_us: np.ndarray
+    input_length: np.ndarray
+    block: np.ndarray
+    ids: np.ndarray
+    offsets: np.ndarray
     time_order: str | None
 
     def __len__(self) -> int:
@@ -70,36 +74,37 @@ def read_mooncake(path: str, time_unit: str | None = None) -> HashTrace | None:
             data = fh.read()
     except OSError:
         return None
-    lines = data.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()  # (the newline that ends the last line ends no other)
-    if not lines:
+    body = data[:-1] if data.endswith(b"\n") else data  # (the newline that ends the last line ends no other)
+    if not body:
+        return None
+    n = body.count(b"\n") + 1
+    if len(body) >= _MAX_LINE_BYTES and max(map(len, body.split(b"\n"))) + 1 > _MAX_LINE_BYTES:
+        return None
+    try:  # every line at once: a blank or damaged line, another field or type fails the whole array
+        recs = _DECODE(b"[" + body.replace(b"\n", b",") + b"]")
+    except msgspec.DecodeError:  # ingest decides
+        return None
+    if len(recs) != n:  # (a line holding two objects, comma-separated)
         return None
     scale = UNIT_US[time_unit or "ms"]
-    lo, hi = INT64
-    out = HashTrace(path, [], [], [], [], None)
+    ts, n_in, block, counts = [0] * n, [0] * n, [0] * n, [0] * n
     order = TimeOrder()
-    for raw in lines:
-        if len(raw) + 1 > _MAX_LINE_BYTES:
+    for i, rec in enumerate(recs):
+        t, k = rec.timestamp * scale, len(rec.hash_ids)
+        b = MOONCAKE_BLOCK if rec.block_size is None else rec.block_size
+        if not (-_TS_LIMIT_US < t < _TS_LIMIT_US and rec.input_length >= 0 and b > 0 and k <= MAX_LIST_ITEMS
+                and (rec.output_length is None or rec.output_length >= 0)):
             return None
-        try:
-            rec = _DECODE(raw)
-        except msgspec.DecodeError:  # blank, damaged, another field or type: ingest decides
+        if k > 1 and rec.input_length <= b * (k - 1):  # (ingest: `bad_length`)
             return None
-        ids, n_in = rec.hash_ids, rec.input_length
-        ts = rec.timestamp * scale
-        block = MOONCAKE_BLOCK if rec.block_size is None else rec.block_size
-        if not (-_TS_LIMIT_US < ts < _TS_LIMIT_US and n_in >= 0 and block > 0
-                and (rec.output_length is None or rec.output_length >= 0) and len(ids) <= MAX_LIST_ITEMS):
-            return None
-        if ids and (min(ids) < lo or max(ids) > hi):
-            return None
-        if len(ids) > 1 and n_in <= block * (len(ids) - 1):  # (ingest: `bad_length`)
-            return None
-        out.ts_us.append(ts)
-        out.input_length.append(n_in)
-        out.hash_ids.append(ids)
-        out.block.append(block)
-        order.add(ts)
-    out.time_order = order.order()
-    return out
+        ts[i], n_in[i], block[i], counts[i] = t, rec.input_length, b, k
+        order.add(t)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    try:  # (an id beyond 64 bits: ingest's `wrong_type`)
+        ids = np.fromiter(itertools.chain.from_iterable(r.hash_ids for r in recs), dtype=np.int64,
+                          count=int(offsets[-1]))
+    except (OverflowError, ValueError):
+        return None
+    return HashTrace(path, np.array(ts, dtype=np.int64), np.array(n_in, dtype=np.int64),
+                     np.array(block, dtype=np.int64), ids, offsets, order.order())
