@@ -232,6 +232,12 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     --gpu-price prefill_dollars_week[_uncached] (GPU-hours x price) and
     fleet_dollars_week[_uncached] (GPUs at the busiest hour x 168 h x
     price); docs/semantics.md, "Capacity".
+
+    \b
+    Given LOGS, they are ingested first (into --db) and the rows are over
+    everything the database holds. One Mooncake trace (.jsonl) with no --db
+    and no database at the default path is read directly instead: the same
+    rows, no database written (docs/architecture.md).
     """
     bpt, _ = kv_model(model, model_config, kv_bytes_per_token, kv_dtype)
     cost = cost_options(model, model_config, bpt, gpu, gpu_tflops, gpu_hbm, gpu_host_link, gpu_price, mfu,

@@ -7,7 +7,7 @@ trace (``replay capacity`` without a database) — imports no DuckDB or Arrow.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 
 import numpy as np
 
@@ -116,15 +116,21 @@ def trace_prompts(trace, tenant: str = "default") -> list[Prompt]:
     cum = MOONCAKE_BLOCK * within
     last = starts[:-1] + k
     cum[last[k > 0]] = n_in[k > 0]
+    # (each Prompt made as ``altered`` makes one: its defaults, then this request's fields)
+    base = {f.name: f.default for f in fields(Prompt) if f.default is not MISSING}
+    ts, offs, firsts, n_ins, blocks = (a.tolist() for a in (trace.ts_us, off, starts, n_in, block))
     out = []
     for i in np.argsort(trace.ts_us, kind="stable").tolist():  # (stable: ties keep the file's order)
-        a, b, n = int(off[i]), int(off[i + 1]), int(n_in[i])
-        if block[i] != MOONCAKE_BLOCK and b > a:
-            size = int(block[i])
+        a, b, n = offs[i], offs[i + 1], n_ins[i]
+        if blocks[i] != MOONCAKE_BLOCK and b > a:
+            size = blocks[i]
             lengths = [size] * (b - a - 1) + [min(size, n - size * (b - a - 1))]
             sym, depths, size = block_symbols(trace.ids[a:b], lengths, n)
         else:
-            sym, depths, size = symbols[a:b], cum[starts[i]:starts[i] + b - a + 1], MOONCAKE_BLOCK
-        out.append(Prompt(i, int(trace.ts_us[i]), tenant, None, None, sym, depths, None, max(int(depths[-1]), n),
-                          None, block=size))
+            sym, depths, size = symbols[a:b], cum[firsts[i]:firsts[i] + b - a + 1], MOONCAKE_BLOCK
+        q = object.__new__(Prompt)
+        q.__dict__ = {**base, "request_id": i, "ts": ts[i], "tenant": tenant, "key": None, "session": None,
+                      "symbols": sym, "cum": depths, "output": None, "n_tokens": max(int(depths[-1]), n),
+                      "block": size}
+        out.append(q)
     return out
