@@ -28,7 +28,9 @@ from replay.readers.timeorder import TimeOrder
 from replay.times import UNIT_US
 
 MOONCAKE_BLOCK = 512  # (replay.readers.traces.MOONCAKE_BLOCK)
-MAX_BYTES = 1 << 30  # a larger trace goes through the database (its memory stays bounded there)
+# a larger trace goes through the database, whose memory stays bounded (here every id is a
+# Python int for a moment: ~40 bytes an id, 64 MiB of JSON ≈ 0.4 GB); the shared one is 3 MB
+MAX_BYTES = 64 << 20
 _MAX_LINE_BYTES = 32 << 20  # (replay.readers.files.MAX_LINE_BYTES: a longer line is a reject)
 _TS_LIMIT_US = 2**62  # (replay.readers.timestamps.TS_LIMIT_US)
 
@@ -42,6 +44,7 @@ class _Record(msgspec.Struct, forbid_unknown_fields=True):
 
 
 _DECODE = msgspec.json.Decoder(list[_Record]).decode
+_DECODE_ONE = msgspec.json.Decoder(_Record).decode
 
 
 @dataclass
@@ -71,6 +74,11 @@ def read_mooncake(path: str, time_unit: str | None = None) -> HashTrace | None:
         if os.path.getsize(path) > MAX_BYTES:
             return None
         with open(path, "rb") as fh:
+            try:  # (another format is told by its first line, before the whole file is read)
+                _DECODE_ONE(fh.readline(_MAX_LINE_BYTES))
+            except msgspec.DecodeError:
+                return None
+            fh.seek(0)
             data = fh.read()
     except OSError:
         return None

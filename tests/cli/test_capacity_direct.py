@@ -124,3 +124,14 @@ def test_a_database_named_or_present_is_used(tmp_path, monkeypatch):
     assert CliRunner().invoke(main, ["ingest", a]).exit_code == 0  # a database at the default path now
     both_files = _run(["capacity", b, *args], tmp_path)
     assert both_files[0]["requests"] == alone[0]["requests"] + len(mooncake_records(2))
+
+
+def test_another_format_or_a_large_file_is_not_read_directly(tmp_path, monkeypatch):
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text(json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}) + "\n"
+                    + "\n".join(json.dumps(r) for r in mooncake_records(0)) + "\n")
+    assert read_mooncake(str(chat)) is None
+    trace = write_jsonl(tmp_path / "t.jsonl", mooncake_records(0))
+    assert len(read_mooncake(trace)) == 60
+    monkeypatch.setattr("replay.readers.direct.MAX_BYTES", 100)
+    assert read_mooncake(trace) is None
