@@ -6,9 +6,11 @@ import json
 
 import click
 
-from replay import api
+from replay.cli import names
+from replay.cli.lazy import api
 from replay.cli.options import csv_values, db_option, kv_model, kv_options, load_logs, logs_options, one_config
 from replay.cli.options import cost_options, engine_options, gpu_options, on_engine, tier_option, warmup_option
+from replay.cli.direct import direct_capacity
 
 
 @click.command("diagnose")
@@ -37,7 +39,7 @@ def diagnose(logs, db_path, fmt, fields, time_unit, tokenizer, ttl, block, min_p
     if as_json:
         click.echo(json.dumps(res, ensure_ascii=False))
     else:
-        click.echo(f"ttl {api.format_ttl(ttl)}, block {block}, min prefix {min_prefix}, stream {stream}, "
+        click.echo(f"ttl {names.format_ttl(ttl)}, block {block}, min prefix {min_prefix}, stream {stream}, "
                    f"profile {profile}")
         click.echo(api.format_text(res))
 
@@ -175,7 +177,7 @@ def validate(logs, db_path, fmt, fields, time_unit, tokenizer, sample, model, pr
                    "decimal) — sizes need the KV bytes per token — or 'auto' (a log-spaced grid from one block "
                    "to the working set; the default without --tier).")
 @tier_option
-@click.option("--ttl", "ttls", default="inf", show_default=True, callback=csv_values(api.parse_ttl),
+@click.option("--ttl", "ttls", default="inf", show_default=True, callback=csv_values(names.parse_ttl),
               help="TTLs: seconds, or with s/m/h/d; 'inf' = no expiry.")
 @click.option("--stream", "streams", default="global", show_default=True, callback=csv_values(str),
               help="Stream modes: tenant, key, session, global (a cache per stream and model; a replica's "
@@ -230,40 +232,53 @@ def capacity(logs, db_path, fmt, fields, time_unit, tokenizer, blocks, capacitie
     --gpu-price prefill_dollars_week[_uncached] (GPU-hours x price) and
     fleet_dollars_week[_uncached] (GPUs at the busiest hour x 168 h x
     price); docs/semantics.md, "Capacity".
+
+    \b
+    Given LOGS, they are ingested first (into --db) and the rows are over
+    everything the database holds. One Mooncake trace (.jsonl) with no --db
+    and no database at the default path is read directly instead: the same
+    rows, no database written (docs/architecture.md).
     """
     bpt, _ = kv_model(model, model_config, kv_bytes_per_token, kv_dtype)
     cost = cost_options(model, model_config, bpt, gpu, gpu_tflops, gpu_hbm, gpu_host_link, gpu_price, mfu,
                         target_utilisation)
     if tiers and capacities:
         raise click.ClickException("pass --capacity or --tier, not both (a tier list's first tier is the capacity)")
-    con = api.open_db(db_path)
-    # (--engine: where the logs are parsed and the walks prepared; the finite-cache pass itself runs
-    # here — every stream shares the replica's pool, so it does not split into independent partitions)
-    with on_engine(engine, address):
-        load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
-        try:
-            grid = api.CapacityGrid(blocks=blocks, capacities=capacities or ("auto",), ttls=ttls, streams=streams,
-                                    replicas=replicas, routings=routings, policies=policies, seed=seed,
-                                    sample_rate=sample_rate, warmup=warmup, tiers=tiers)
-            df = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json, cost=cost)
-        except ValueError as e:
-            raise click.ClickException(str(e)) from None
-    if tp > 1:
-        df = df.with_columns((df["capacity_bytes"] // tp).alias("capacity_bytes_per_gpu"))
-    rows = df.to_dicts()
-    for r in rows:  # (a mapping in JSON: tier name -> tokens, fastest first)
-        if "tier_hit_tokens" in r:
+    rows = direct_capacity(logs, fmt, fields, time_unit, tokenizer, engine, address, as_json, bpt, cost,
+                           dict(blocks=blocks, capacities=capacities or ("auto",), ttls=ttls, streams=streams,
+                                replicas=replicas, routings=routings, policies=policies, seed=seed,
+                                sample_rate=sample_rate, warmup=warmup, tiers=tiers))
+    if rows is None:
+        con = api.open_db(db_path)
+        # (--engine: where the logs are parsed and the walks prepared; the finite-cache pass itself runs
+        # here — every stream shares the replica's pool, so it does not split into independent partitions)
+        with on_engine(engine, address):
+            load_logs(con, logs, fmt, fields, time_unit, quiet=as_json)
+            try:
+                grid = api.CapacityGrid(blocks=blocks, capacities=capacities or ("auto",), ttls=ttls,
+                                        streams=streams, replicas=replicas, routings=routings, policies=policies,
+                                        seed=seed, sample_rate=sample_rate, warmup=warmup, tiers=tiers)
+                rows = api.capacity(con, grid, bytes_per_token=bpt, tokenizer=tokenizer, progress=not as_json,
+                                    cost=cost).to_dicts()
+            except ValueError as e:
+                raise click.ClickException(str(e)) from None
+    for r in rows:
+        if tp > 1:
+            r["capacity_bytes_per_gpu"] = None if r["capacity_bytes"] is None else r["capacity_bytes"] // tp
+        if "tier_hit_tokens" in r:  # (a mapping in JSON: tier name -> tokens, fastest first)
             r["tier_hit_tokens"] = {e["tier"]: e["tokens"] for e in r["tier_hit_tokens"]}
     if as_json:
         click.echo(json.dumps(rows))
         return
     if warmup:
-        click.echo(f"hit % measured over {api.describe_warmup(warmup)}; warm % over the last half", err=True)
+        from replay.core.warmup import describe
+
+        click.echo(f"hit % measured over {describe(warmup)}; warm % over the last half", err=True)
     click.echo(f"{'stream':<8} {'ttl':>6} {'block':>6} {'capacity':>12} {'GiB':>9} {'R':>3} {'routing':<12} "
                f"{'policy':<7} {'hit %':>6} {'warm %':>7} {'busiest':>8}")
     for r in rows:
         gib = "-" if r["capacity_bytes"] is None else f"{r['capacity_bytes'] / 2**30:.2f}"
-        click.echo(f"{r['stream']:<8} {api.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['capacity_blocks']:>12,} "
+        click.echo(f"{r['stream']:<8} {names.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['capacity_blocks']:>12,} "
                    f"{gib:>9} {r['replicas']:>3} {r['routing']:<12} {r['policy']:<7} {100 * r['hit_ratio']:>6.1f} "
                    f"{100 * r['warm_hit_ratio']:>7.1f} {100 * r['max_replica_share']:>7.1f}%" + _extras(r))
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from replay import api
+from replay.cli.lazy import api
 from replay.cli.options import (SAMPLE, db_option, grid, grid_options, ingest_options, kv_model, kv_options, load_logs,
                                 logs_options, plain_name, print_table, profile_names, tokenizer_option)
 from replay.cli.options import cost_options, engine_options, gpu_options, on_engine, warmup_option

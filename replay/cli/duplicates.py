@@ -7,7 +7,8 @@ import json
 
 import click
 
-from replay import api
+from replay.cli import names
+from replay.cli.lazy import api
 from replay.cli.options import csv_values, db_option, load_logs, logs_options
 
 
@@ -37,11 +38,11 @@ def duplicates():
 
 @duplicates.command("rates", hidden=True)
 @logs_options
-@click.option("--ttl", "ttls", default="5m,1h,inf", show_default=True, callback=csv_values(api.parse_ttl),
+@click.option("--ttl", "ttls", default="5m,1h,inf", show_default=True, callback=csv_values(names.parse_ttl),
               help="How long a response cache keeps an answer: seconds, or with s/m/h/d; 'inf' = forever.")
 @click.option("--stream", "streams", default="tenant,global", show_default=True, callback=csv_values(str),
               help="Stream modes: tenant, key, session, global (a cache per stream and model).")
-@click.option("--threshold", "thresholds", default=",".join(map(str, api.NEAR_THRESHOLDS)), show_default=True,
+@click.option("--threshold", "thresholds", default=",".join(map(str, names.NEAR_THRESHOLDS)), show_default=True,
               callback=csv_values(float), help="Cosine thresholds of the near-duplicate rates.")
 @click.option("--no-normalized", is_flag=True, help="Skip the rates after whatif's normalizers.")
 @click.option("--no-near", is_flag=True, help="Skip near duplicates (the embedding model).")
@@ -84,7 +85,7 @@ def rates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, thres
     click.echo(f"{'stream':<8} {'ttl':>6} {'requests':>9} {'duplicates':>11} {'share':>7} "
                f"{'normalized':>11} {'share':>7}")
     for r in df.iter_rows(named=True):
-        ttl = api.format_ttl(float("inf") if r["ttl_s"] is None else r["ttl_s"])
+        ttl = names.format_ttl(float("inf") if r["ttl_s"] is None else r["ttl_s"])
         norm = (f"{r['normalized_duplicate_requests']:>11,} {100 * r['normalized_duplicate_share']:>6.1f}%"
                 if "normalized_duplicate_requests" in r else "")
         click.echo(f"{r['stream']:<8} {ttl:>6} {r['requests']:>9,} {r['duplicate_requests']:>11,} "
@@ -93,7 +94,7 @@ def rates(logs, db_path, fmt, fields, time_unit, tokenizer, ttls, streams, thres
         click.echo(f"\nnear duplicates ({model}) — {api.NEAR_WARNING}")
         click.echo(f"{'stream':<8} {'ttl':>6} {'threshold':>9} {'near':>9} {'share':>7}")
         for r in near.iter_rows(named=True):
-            ttl = api.format_ttl(float("inf") if r["ttl_s"] is None else r["ttl_s"])
+            ttl = names.format_ttl(float("inf") if r["ttl_s"] is None else r["ttl_s"])
             click.echo(f"{r['stream']:<8} {ttl:>6} {r['threshold']:>9.2f} {r['near_requests']:>9,} "
                        f"{100 * r['near_share']:>6.1f}%")
 
@@ -104,9 +105,9 @@ def _pair_options(f):
     f = click.option("--seed", default=0, show_default=True, help="Seed of the sample.")(f)
     f = click.option("--out", "out", default="reports/labels/pairs", show_default=True,
                      help="Where to write: OUT.csv and OUT.jsonl.")(f)
-    f = click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
+    f = click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(names.MODES)),
                      help="Stream mode the pairs are drawn in.")(f)
-    f = click.option("--ttl", default="1h", show_default=True, callback=lambda c, p, v: api.parse_ttl(v),
+    f = click.option("--ttl", default="1h", show_default=True, callback=lambda c, p, v: names.parse_ttl(v),
                      help="How far back a pair may reach.")(f)
     return f
 
@@ -159,7 +160,7 @@ def audit(db_path, ttl, stream, out, seed, show_text, rate, threshold):
 @db_option
 @click.option("--precision", "target", default=0.99, show_default=True, type=click.FloatRange(0, 1),
               help="Target precision of the per-intent thresholds.")
-@click.option("--threshold", "thresholds", default=",".join(map(str, api.NEAR_THRESHOLDS)), show_default=True,
+@click.option("--threshold", "thresholds", default=",".join(map(str, names.NEAR_THRESHOLDS)), show_default=True,
               callback=csv_values(float), help="Thresholds to give the adjusted share at.")
 @click.option("--json", "as_json", is_flag=True, help="Print exactly a JSON object.")
 def label_import(files, db_path, target, thresholds, as_json):

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import click
 
-from replay import api
+from replay.cli import names
+from replay.cli.lazy import api
 from replay.cli.options import load_logs, logs_options
 
 
 @click.command("export")
 @logs_options
-@click.option("--to", "to", required=True, type=click.Choice(list(api.EXPORT_TARGETS)),
+@click.option("--to", "to", required=True, type=click.Choice(list(names.EXPORT_TARGETS)),
               help="Layout: mooncake or bailian (hash ids, no text); vllm-custom or sglang (prompt text: "
                    "needs --show-text).")
 @click.option("--block", type=click.IntRange(min=1), default=None,
               help="Tokens per hash id (default: 512 for mooncake, 16 for bailian). Sweeping the export "
                    "gives the source's ceiling at this block.")
-@click.option("--stream", type=click.Choice(list(api.MODES)), default=None,
+@click.option("--stream", type=click.Choice(list(names.MODES)), default=None,
               help="Also salt the ids with each request's stream key under this mode, so no block is shared "
                    "across streams (the model always salts them).")
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False, writable=True),
@@ -36,14 +37,14 @@ def export(logs, db_path, fmt, fields, time_unit, tokenizer, to, block, stream, 
     sweep of the export (`--format mooncake`) gives the source's global
     ceiling at the same block for every TTL.
     """
-    if to in api.EXPORT_TEXT_TARGETS and not show_text:
+    if to in names.EXPORT_TEXT_TARGETS and not show_text:
         raise click.UsageError(f"--to {to} writes every prompt's text: pass --show-text to allow it "
                                "(or export hash ids: --to mooncake or --to bailian)")
-    if block is not None and to in api.EXPORT_TEXT_TARGETS:
+    if block is not None and to in names.EXPORT_TEXT_TARGETS:
         raise click.BadParameter(f"--to {to} writes text, not blocks", param_hint="--block")
     con = api.open_db(db_path)
     load_logs(con, logs, fmt, fields, time_unit)
-    if show_text and to in api.EXPORT_TEXT_TARGETS:
+    if show_text and to in names.EXPORT_TEXT_TARGETS:
         click.echo(f"warning: {output} will hold the text of every prompt (--show-text): keep it where the "
                    "logs themselves may be kept", err=True)
     try:

@@ -12,9 +12,14 @@ import sys
 import click
 
 from replay.cli import analysis, commands, duplicates, export, prefixes, show, trend
-from replay.store.db import DatabaseUnusable, disk_trouble
-from replay.store.schema import OldDatabase
-from replay.text.encoder import TokenizerUnusable
+
+
+def _raised(e: BaseException, module: str, name: str) -> bool:
+    """``e`` is ``module.name``: looked up only if the command imported that module
+    (an error class of a module never imported was never raised), so the
+    command line imports no stage to catch their errors."""
+    mod = sys.modules.get(module)
+    return mod is not None and isinstance(e, getattr(mod, name))
 
 
 class _Group(click.Group):
@@ -26,19 +31,21 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
-        except (OldDatabase, DatabaseUnusable) as e:
-            raise click.ClickException(str(e)) from None
-        except TokenizerUnusable as e:
-            raise click.UsageError(f"{e}; give a local Hugging Face tokenizer directory "
-                                   "(with its tokenizer.json)", ctx) from None
         except BrokenPipeError:  # the reader of our output left (`| head`): nothing more to say
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
-        except Exception as e:  # noqa: BLE001 - re-raised unless it is the disk or Ctrl-C
+        except Exception as e:  # noqa: BLE001 - re-raised unless the user can act on it
+            if _raised(e, "replay.store.schema", "OldDatabase") or _raised(e, "replay.store.db", "DatabaseUnusable"):
+                raise click.ClickException(str(e)) from None
+            if _raised(e, "replay.text.encoder", "TokenizerUnusable"):
+                raise click.UsageError(f"{e}; give a local Hugging Face tokenizer directory "
+                                       "(with its tokenizer.json)", ctx) from None
             if "Query interrupted" in str(e) or type(e).__name__ == "InterruptException":
                 # Ctrl-C inside a DuckDB query comes out as DuckDB's error: the
                 # query's transaction is rolled back, as for Ctrl-C anywhere else
                 raise click.Abort() from None
+            from replay.store.db import disk_trouble  # (a failure's path only)
+
             trouble = disk_trouble(e)
             if trouble is None:
                 raise

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from replay import api
+from replay.cli import names
+from replay.cli.lazy import api
 
 SAMPLE = "data/sample"
 
@@ -53,7 +54,7 @@ def plain_name(ctx, param, value):
 
 
 def db_option(f):
-    return click.option("--db", "db_path", default=api.DEFAULT_DB, show_default=True,
+    return click.option("--db", "db_path", default=names.DEFAULT_DB, show_default=True,
                         type=click.Path(dir_okay=False), help="DuckDB file holding every stage's tables.")(f)
 
 
@@ -74,11 +75,12 @@ def tokenizer_option(f):
     neither of the others is given)."""
     @functools.wraps(f)
     def with_render(*args, **kwargs):
-        try:
-            kwargs["tokenizer"] = api.tokenizer_spec(kwargs.get("tokenizer"), kwargs.pop("render", None),
-                                                     kwargs.pop("chat_template", None))
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
+        render, template = kwargs.pop("render", None), kwargs.pop("chat_template", None)
+        if render is not None or template is not None:  # (else the path alone: nothing to import)
+            try:
+                kwargs["tokenizer"] = api.tokenizer_spec(kwargs.get("tokenizer"), render, template)
+            except ValueError as exc:
+                raise click.UsageError(str(exc)) from None
         return f(*args, **kwargs)
 
     with_render = click.option(
@@ -87,7 +89,7 @@ def tokenizer_option(f):
              "chat_template.jinja / tokenizer_config.json) as the serving engine does, each request at its own "
              "time; a model directory also brings its tokenizer unless --tokenizer is given.")(with_render)
     with_render = click.option(
-        "--render", type=click.Choice(list(api.RENDERS)), default=None,
+        "--render", type=click.Choice(list(names.RENDERS)), default=None,
         help="How bodies become tokens: 'neutral' (the default: a marker before every piece) or 'deepseek' "
              "(DeepSeek's own encoding of tools, tool calls, results and reasoning: the DeepSeek API's "
              "prompt_tokens). Given, a database tokenized otherwise is tokenized again.")(with_render)
@@ -98,26 +100,26 @@ def tokenizer_option(f):
 
 
 def ingest_options(f):
-    f = click.option("--format", "fmt", type=click.Choice(list(api.FORMATS)), default=None,
+    f = click.option("--format", "fmt", type=click.Choice(list(names.FORMATS)), default=None,
                      help="Force the log format (default: detected per file).")(f)
     f = click.option("--field", "fields", multiple=True, callback=_fields,
                      help="Map a field to a dotted path, e.g. --field tenant=request.metadata.user_id.")(f)
-    f = click.option("--time-unit", type=click.Choice(list(api.TIME_UNITS)), default=None,
+    f = click.option("--time-unit", type=click.Choice(list(names.TIME_UNITS)), default=None,
                      help="Unit of numeric timestamps (default: decided once per file, by the format or "
                           "the magnitude of its first timestamp).")(f)
     return tokenizer_option(f)
 
 
 def grid_options(f):
-    f = click.option("--ttl", "ttls", default=",".join(api.format_ttl(t) for t in api.DEFAULT_TTLS),
-                     show_default=True, callback=csv_values(api.parse_ttl),
+    f = click.option("--ttl", "ttls", default=",".join(names.format_ttl(t) for t in names.DEFAULT_TTLS),
+                     show_default=True, callback=csv_values(names.parse_ttl),
                      help="TTLs: seconds, or with s/m/h/d; 'inf' = no expiry.")(f)
-    f = click.option("--block", "blocks", default=",".join(map(str, api.DEFAULT_BLOCKS)), show_default=True,
+    f = click.option("--block", "blocks", default=",".join(map(str, names.DEFAULT_BLOCKS)), show_default=True,
                      callback=csv_values(int), help="Block sizes in tokens (1 = token-level radix cache).")(f)
-    f = click.option("--min-prefix", "mins", default=",".join(map(str, api.DEFAULT_MIN_PREFIXES)),
+    f = click.option("--min-prefix", "mins", default=",".join(map(str, names.DEFAULT_MIN_PREFIXES)),
                      show_default=True, callback=csv_values(int),
                      help="Minimum cacheable prefix in tokens; smaller hits count as 0.")(f)
-    f = click.option("--stream", "streams", default=",".join(api.DEFAULT_STREAMS), show_default=True,
+    f = click.option("--stream", "streams", default=",".join(names.DEFAULT_STREAMS), show_default=True,
                      callback=csv_values(str), help="Stream modes: tenant, key, session, global.")(f)
     return f
 
@@ -130,7 +132,7 @@ def kv_options(f):
     f = click.option("--model-config", type=click.Path(exists=True), default=None,
                      help="A Hugging Face config.json (or its directory) to read the KV shape from.")(f)
     f = click.option("--model", default=None,
-                     help=f"A model whose KV bytes per token are known: {', '.join(api.KV_MODELS)}.")(f)
+                     help=f"A model whose KV bytes per token are known: {', '.join(names.KV_MODELS)}.")(f)
     return f
 
 
@@ -148,15 +150,17 @@ def gpu_options(f):
                      help="Peak dense BF16 TFLOP/s (overrides --gpu's; with --gpu-hbm and --gpu-host-link: "
                           "any accelerator).")(f)
     f = click.option("--gpu", default=None,
-                     help=f"GPU for the prefill cost model: {', '.join(api.known_gpus())} "
+                     help=f"GPU for the prefill cost model: {', '.join(names.known_gpus())} "
                           "(replay/providers/gpus.toml: datasheet figures and sources). Needs the model's shape: "
-                          f"--model {', '.join(api.COST_MODELS)}, or --model-config.")(f)
+                          f"--model {', '.join(names.COST_MODELS)}, or --model-config.")(f)
     return f
 
 
 def cost_options(model, model_config, kv_bytes_per_token, gpu, gpu_tflops, gpu_hbm, gpu_host_link, gpu_price, mfu,
                  target_utilisation):
     """The cost model the GPU options describe (None without a GPU); a bad one is an error before any work."""
+    if gpu is None and gpu_tflops is None and gpu_hbm is None and gpu_host_link is None and gpu_price is None:
+        return None  # (no GPU: what api.cost_model says too, without importing it)
     try:
         cost = api.cost_model(model, model_config, kv_bytes_per_token, gpu, gpu_tflops, gpu_hbm, gpu_host_link,
                               gpu_price, mfu, target_utilisation)
@@ -182,7 +186,9 @@ def tier_option(f):
 
 def _tiers(ctx, param, values):
     try:
-        return tuple(api.parse_tiers(v) for v in values)
+        from replay.core.tiers import parse_tiers
+
+        return tuple(parse_tiers(v) for v in values)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
 
@@ -191,7 +197,9 @@ def kv_model(model=None, model_config=None, kv_bytes_per_token=None, kv_dtype=No
     """The KV options as (bytes per token, the model's name for reports); a bad
     one is an error before any work."""
     try:
-        bpt = api.kv_bytes_per_token(model, model_config, kv_bytes_per_token, kv_dtype)
+        from replay.providers.kv import kv_bytes_per_token as bytes_per_token
+
+        bpt = bytes_per_token(model, model_config, kv_bytes_per_token, kv_dtype)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     return bpt, model or (Path(model_config).name if model_config else None)
@@ -212,14 +220,14 @@ def one_configuration(f):
                      help="Block size in tokens (1 = token-level).")(f)
     f = click.option("--min-prefix", "min_prefix", default=0, show_default=True, type=click.IntRange(min=0),
                      help="Minimum cacheable prefix in tokens.")(f)
-    f = click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(api.MODES)),
+    f = click.option("--stream", default="tenant", show_default=True, type=click.Choice(list(names.MODES)),
                      help="Stream mode.")(f)
     return f
 
 
 def _one_ttl(text: str) -> float:
     try:
-        return api.parse_ttl(text)
+        return names.parse_ttl(text)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--ttl") from None
 
@@ -231,7 +239,7 @@ def engine_options(f):
                      help="With --engine ray: the Ray cluster to use (host:6379, ray://host:10001, or 'auto' for "
                           "one running here). Default: a local cluster with every CPU, started for this command "
                           "and stopped when it ends.")(f)
-    return click.option("--engine", type=click.Choice(list(api.ENGINES)), default="local", show_default=True,
+    return click.option("--engine", type=click.Choice(list(names.ENGINES)), default="local", show_default=True,
                         help="Where the work runs: 'local' (this process) or 'ray' (each log file parsed by a Ray "
                              "task, the replay partitioned into Ray tasks; needs the [ray] extra). The rows, and "
                              "so every figure, are identical.")(f)
@@ -260,7 +268,9 @@ def warmup_option(f):
 
 def _warmup(ctx, param, value):
     try:
-        return api.parse_warmup(value)
+        from replay.core.warmup import parse_warmup
+
+        return parse_warmup(value)
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
 
@@ -321,7 +331,7 @@ def print_table(df) -> None:
                f"{'hit %':>6} {'req hit':>8}")
     for r in df.to_dicts():
         click.echo(" ".join(f"{str(r[c]):<10}" for c in cols) +
-                   f"{api.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['min_prefix']:>6} {r['requests']:>9,} "
+                   f"{names.format_ttl(r['ttl_s']):>6} {r['block']:>6} {r['min_prefix']:>6} {r['requests']:>9,} "
                    f"{r['prompt_tokens']:>13,} {r['hit_tokens']:>13,} {100 * r['hit_ratio']:>6.1f} "
                    f"{r['requests_hit']:>8,}" +
                    (f"   realised {100 * r['realized_hit_ratio']:.1f} %"

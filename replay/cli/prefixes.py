@@ -6,7 +6,8 @@ import json
 
 import click
 
-from replay import api
+from replay.cli import names
+from replay.cli.lazy import api
 from replay.cli.options import load_logs, logs_options, one_configuration
 
 TEXT_SHOWN = 160  # characters of a prefix's text the table shows (head and tail); --json gives it whole
@@ -16,7 +17,7 @@ TEXT_SHOWN = 160  # characters of a prefix's text the table shows (head and tail
 @logs_options
 @one_configuration
 @click.option("--top", default=20, show_default=True, type=click.IntRange(min=1), help="Prefixes to show.")
-@click.option("--by", default="hit_tokens", show_default=True, type=click.Choice(list(api.PREFIX_RANKINGS)),
+@click.option("--by", default="hit_tokens", show_default=True, type=click.Choice(list(names.PREFIX_RANKINGS)),
               help="Rank by the hit tokens a prefix served, or by the requests that reused it.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print exactly a JSON array, best first: rank, model, n_tokens, hit_tokens, requests, "
@@ -51,7 +52,7 @@ def prefixes(logs, db_path, fmt, fields, time_unit, tokenizer, top, ttl, block, 
     if as_json:
         click.echo(json.dumps(rows, ensure_ascii=False))
         return
-    click.echo(f"ttl {api.format_ttl(ttl)}, block {block}, min prefix {min_prefix}, stream {stream}; "
+    click.echo(f"ttl {names.format_ttl(ttl)}, block {block}, min prefix {min_prefix}, stream {stream}; "
                f"ranked by {by.replace('_', ' ')}")
     if not rows:
         click.echo("no prefix is shared at this configuration")

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from replay import api
+from replay.cli.lazy import api
 from replay.cli.options import load_logs, logs_options
 
 _ATTRS = (("time", "time"), ("ts_us", "ts_us"), ("tenant", "tenant"), ("session", "session"), ("key", "key"),

@@ -6,14 +6,15 @@ import json
 
 import click
 
-from replay import api
+from replay.cli import names
+from replay.cli.lazy import api
 from replay.cli.options import load_logs, logs_options, one_configuration
 
 
 @click.command("trend")
 @logs_options
 @one_configuration
-@click.option("--threshold", default=api.TREND_THRESHOLD, show_default=True, type=click.FloatRange(min=0),
+@click.option("--threshold", default=names.TREND_THRESHOLD, show_default=True, type=click.FloatRange(min=0),
               help="Flag a stream whose ceiling dropped by more than this many points from its previous week.")
 @click.option("--prices", type=click.Path(exists=True, dir_okay=False), default=None,
               help="A TOML price table overriding the shipped defaults (replay/providers/prices.toml).")

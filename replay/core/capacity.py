@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.core.prompts import Prompt
+from replay.core.prompt import Prompt
 from replay.core.streams import stream_key
 from replay.times import INF_US
 from replay.core.trie import Trie

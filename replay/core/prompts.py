@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import Iterator
 
@@ -25,95 +24,12 @@ import pyarrow as pa
 from replay.core._trie import extend as _extend
 from replay.store import db
 
-MOONCAKE_BLOCK = 512
-RECENT_CONVERSATIONS = 512  # latest prompt kept per (tenant, session or key), to build the next one from
+# (the type and the block rules live in replay.core.prompt, which imports no database)
+from replay.core.prompt import (MOONCAKE_BLOCK, RECENT_CONVERSATIONS, Prompt, altered, block_symbols,  # noqa: F401
+                                light, mooncake_symbols, trace_blocks)
 
 #: the requests the replay walks: those with a prompt row, and block traces (which need none)
 REPLAYABLE = "(r.block_ids IS NOT NULL OR p.request_id IS NOT NULL)"
-
-
-@dataclass
-class Prompt:
-    """One request as the replay sees it (``ts`` in integer microseconds)."""
-    request_id: int
-    ts: int
-    tenant: str
-    key: str | None
-    session: str | None
-    symbols: np.ndarray            # token ids, or negative block ids for block traces
-    cum: np.ndarray | None         # symbol depth -> token depth (block traces only)
-    output: np.ndarray | None      # generated symbols, when the log has them
-    n_tokens: int
-    model: str | None = None
-    # the first ``shared`` symbols are those of the conversation's previous prompt,
-    # which had (ts, key, session, model) = ``previous``: where that one was walked,
-    # they are a path of the trie already (replay_prompts)
-    shared: int = 0
-    previous: tuple[int, str | None, str | None, str | None] | None = None
-    # block traces: the tokens of each whole block (None: chunks of varying length)
-    block: int | None = None
-    # text prompts: the segments the symbols (and output) are made of, in order —
-    # what a prompt sent to another process carries instead of its tokens (light)
-    seg_ids: np.ndarray | None = None
-    output_seg_ids: np.ndarray | None = None
-
-
-def light(p: Prompt) -> Prompt:
-    """``p`` without its tokens when its segments give them back (a walker of
-    ``replay.core.streamed`` assembles them again): a prompt shipped to a worker
-    carries segment ids, a few bytes a segment, instead of its whole conversation
-    again."""
-    if p.seg_ids is None:
-        return p
-    return altered(p, symbols=None, output=None)
-
-
-def altered(p: Prompt, **changes) -> Prompt:
-    """``dataclasses.replace(p, **changes)`` without its per-field checks (a
-    tenth of the cost; the streamed replay's driver makes a few per prompt)."""
-    q = object.__new__(type(p))
-    q.__dict__ = {**p.__dict__, **changes}
-    return q
-
-
-def mooncake_symbols(block_ids, input_length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Block ids as negative symbols, with cumulative token depths (last block partial)."""
-    ids = np.asarray(block_ids, dtype=np.int64)
-    sizes = np.full(len(ids), MOONCAKE_BLOCK, dtype=np.int64)
-    if len(ids):
-        sizes[-1] = input_length - MOONCAKE_BLOCK * (len(ids) - 1)
-    cum = np.concatenate([[0], np.cumsum(sizes)])
-    return -(ids + 1), cum
-
-
-def block_symbols(block_ids, block_lengths, input_length: int) -> tuple[np.ndarray, np.ndarray, int | None]:
-    """A block trace's symbols and cumulative token depths, from its ids and their
-    token lengths (None: Mooncake's rule), and its blocks' size (None when they
-    vary: RAGPulse's chunks)."""
-    if block_lengths is None:
-        symbols, cum = mooncake_symbols(block_ids, input_length)
-        return symbols, cum, MOONCAKE_BLOCK
-    ids = np.asarray(block_ids, dtype=np.int64)
-    sizes = np.asarray(block_lengths, dtype=np.int64)
-    cum = np.concatenate([[0], np.cumsum(sizes)])
-    block = int(sizes[0]) if len(sizes) else None
-    if block is not None and not (np.all(sizes[:-1] == block) and sizes[-1] <= block):
-        block = None
-    return -(ids + 1), cum, block
-
-
-def trace_blocks(p: "Prompt", b: int) -> tuple[int, int]:
-    """(trace blocks per block of ``b`` tokens, whole ``b``-token blocks) of a
-    block trace: only blocks its ids cover count, and ``b`` must be a multiple
-    of the trace's block."""
-    n_blocks = int(p.cum[-1]) // b
-    if n_blocks == 0:
-        return 1, 0
-    if p.block is None:
-        raise ValueError("a trace of chunks of varying length (RAGPulse) has no whole blocks of a fixed size")
-    if b % p.block:
-        raise ValueError(f"a block trace has {p.block}-token blocks: choose a multiple of it")
-    return b // p.block, n_blocks
 
 
 class SegmentStore:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replay.core.prompts import RECENT_CONVERSATIONS, Prompt, trace_blocks
+from replay.core.prompt import RECENT_CONVERSATIONS, Prompt, trace_blocks
 from replay.core.streams import stream_key
 from replay.times import INF_US
 

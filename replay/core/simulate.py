@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.core.prompts import Prompt, trace_blocks
+from replay.core.prompt import Prompt, trace_blocks
 from replay.core.streams import stream_key
 from replay.times import INF_US
 
