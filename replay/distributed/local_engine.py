@@ -178,7 +178,7 @@ class LocalEngine:
         self._warm()
 
     def _warm(self) -> None:
-        """Start the fork server now, this module preloaded in it (it imports
+        """Start the fork server now, ``local_worker`` preloaded in it (it imports
         while the caller goes on); it stays for the next replays of this engine."""
         from multiprocessing import forkserver, resource_tracker
 
@@ -238,7 +238,10 @@ def _tempdir(con) -> str:
     except Exception:  # noqa: BLE001 - an older DuckDB: the system's temp folder
         pass
     where = os.path.dirname(os.path.abspath(path)) if path and path != ":memory:" else None
-    return tempfile.mkdtemp(prefix=".replay-walkers-", dir=where)
+    try:
+        return tempfile.mkdtemp(prefix=".replay-walkers-", dir=where)
+    except OSError:  # (a folder this process cannot write in)
+        return tempfile.mkdtemp(prefix=".replay-walkers-")
 
 
 class _Run:
@@ -252,7 +255,7 @@ class _Run:
         self.procs: list = []
         self.pids: list[int] = []
         self.conns: list = []
-        self.done: dict[int, dict] = {}
+        self.done: dict[int, tuple] = {}  # worker -> (trie nodes by set, (CPU seconds, peak RSS MB))
         self.shallow = {v: {} for v in variants}  # global rows waiting for their other half
         self.deep = {v: {} for v in variants}
         self.boundary: dict[int, list] = {}  # request -> [its boundary, variants still to merge]
@@ -410,8 +413,8 @@ class _Run:
 
 class _Popen(popen_forkserver.Popen):
     """A fork server's child that does not run the caller's main module again
-    (``multiprocessing`` does, for functions defined there): a worker runs this
-    module's function only, and the caller's script may not be safe to import
+    (``multiprocessing`` does, for functions defined there): a worker runs
+    ``local_worker.work`` only, and the caller's script may not be safe to import
     (no ``if __name__ == "__main__"`` guard). Launched from the driver's main thread."""
 
     def _launch(self, process_obj):
