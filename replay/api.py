@@ -93,11 +93,19 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False,
     new content as it is found, to encode ahead for the tokenize stage.
     ``engine``: where the files are parsed — ``"local"`` (here), ``"ray"`` (a
     task per file or byte range of a large file, written here in the same order:
-    the same rows and ids), or None: the enclosing :func:`replay_engine`'s.
+    the same rows and ids), or None: the enclosing :func:`replay_engine`'s (a
+    local engine's ``workers`` parse here as ``workers`` would).
     ``workers``: with no engine elsewhere, parse on that many local worker
     processes (``replay.distributed.file_pool``; None or 1: in this process,
     and a log too small to pay their start is parsed here too)."""
-    with distributed.using(engine, address) as eng, _local_pool(eng, workers) as pool:
+    with distributed.using(engine, address) as eng:
+        if getattr(eng, "name", None) == "local":  # (this machine's workers parse, as they replay)
+            workers, eng = (eng.workers if workers is None else workers), None
+        return _ingest_on(eng, workers, con, paths, format, fields, time_unit, progress, tokenizer)
+
+
+def _ingest_on(eng, workers, con, paths, format, fields, time_unit, progress, tokenizer):
+    with _local_pool(eng, workers) as pool:
         eng = eng if pool is None else pool
         parse, prepared = _parse_unit, None
         if (eng is not None and tokenizer is not None and tokenizer.render == "neutral"

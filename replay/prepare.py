@@ -20,6 +20,12 @@ from replay.store.failpoints import failpoint
 from replay.text.tok import Tok, load_tokenizer
 from replay.text.tokenize import tokenize_needed, tokenize_stage
 
+# A command's default local engine (all cores) renders and replays in workers
+# only a log at least this large (requests): below it, starting them costs more
+# than they save.
+TOKENIZE_WORKERS_FROM = 20_000
+REPLAY_WORKERS_FROM = 20_000
+
 
 def as_tokenizer(tokenizer) -> Tok:
     """A ``Tok`` from a ``Tok``, a local tokenizer directory, or None (the default)."""
@@ -59,14 +65,22 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
         raise ValueError(f"unknown walk variant(s) {bad}; choose from {', '.join(VARIANTS)}")
     keys = [(v, m) for v in variants for m in modes]
     done: dict = {}
-    pending = tokenize_needed(con)
-    tok = as_tokenizer(tokenizer) if (pending or tokenizer is not None) else None
-    if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
-        done["tokenize"] = tokenize_stage(con, tok, progress=progress)
-        failpoint("prepare.tokenized")
     with distributed.using(engine, address) as eng:
+        local = getattr(eng, "name", None) == "local"
+        # (the default engine of a command, all cores, works only where that pays;
+        # an engine asked for by name or object always does)
+        when_worth = getattr(eng, "when_worth", False)
+        pending = tokenize_needed(con)
+        tok = as_tokenizer(tokenizer) if (pending or tokenizer is not None) else None
+        if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
+            workers = eng.workers if local and not (when_worth and db.untokenized(con) < TOKENIZE_WORKERS_FROM) \
+                else None
+            done["tokenize"] = tokenize_stage(con, tok, progress=progress, workers=workers)
+            failpoint("prepare.tokenized")
         todo = walksets.stale(con, keys, horizon_us)
         if todo:
+            if when_worth and con.execute("SELECT count(*) FROM requests").fetchone()[0] < REPLAY_WORKERS_FROM:
+                eng = None  # (a small log: the single pass is done before the workers would start)
             done["replay"] = _replay(con, todo, horizon_us, progress, eng)
             failpoint("prepare.replayed")
     return done

@@ -59,8 +59,30 @@ def db_option(f):
 
 
 def logs_options(f):
-    """LOGS..., --db and the ingest options: what every command that may load logs takes."""
-    return click.argument("logs", nargs=-1)(db_option(ingest_options(f)))
+    """LOGS..., --db, --workers and the ingest options: what every command that may load logs takes."""
+    return click.argument("logs", nargs=-1)(db_option(workers_option(ingest_options(f))))
+
+
+def workers_option(f):
+    """``--workers N``: this machine's processes for the whole-log stages (parse,
+    render, replay). Not given: every core, where the log is large enough to pay
+    for them; given: N processes (1: this one alone)."""
+    return click.option("--workers", type=click.IntRange(min=1), default=None, expose_value=False,
+                        is_eager=True, callback=_workers, metavar="N",
+                        help="Processes of this machine that parse, render and replay the logs "
+                             "(default: every core, for a log large enough to pay for them; 1: one process). "
+                             "The rows, and so every figure, are the same.")(f)
+
+
+def _workers(ctx, param, value):
+    """The command's local engine (``replay.distributed``), ended with the command."""
+    explicit = value is not None
+    value = value if explicit else (os.cpu_count() or 1)
+    ctx.meta["workers"] = value
+    from replay import distributed  # (light: the engine itself is made only when used)
+
+    ctx.with_resource(distributed.engine_context("local", workers=value, warm=explicit))
+    return value
 
 
 def _tokenizer_dir(ctx, param, value):
@@ -247,12 +269,16 @@ def engine_options(f):
 
 @contextmanager
 def on_engine(engine: str, address: str | None):
-    """The command's body on ``engine`` (its Ray session, if any, ends with it); an
-    unavailable engine or a failed partition is a plain error, never a partial result."""
+    """The command's body on ``engine`` (its Ray session, if any, ends with it; the
+    local engine is the one ``--workers`` made); an unavailable engine or a failed
+    partition is a plain error, never a partial result."""
     if address and engine != "ray":
         raise click.UsageError("--address is for --engine ray")
     try:
-        with api.replay_engine(engine, address):
+        if engine == "ray":
+            with api.replay_engine(engine, address):
+                yield
+        else:
             yield
     except (api.EngineUnavailable, api.DistributedReplayFailed, api.DistributedIngestFailed) as e:
         raise click.ClickException(str(e)) from None

@@ -45,15 +45,21 @@ class DistributedIngestFailed(RuntimeError):
 def make(name: str, address: str | None = None, **options):
     """The engine called ``name``: for ``local``, None (this process, the single
     pass) or, with ``workers`` > 1, a :class:`LocalEngine` (the replay in that
-    many worker processes of this machine); a :class:`RayEngine` for ``ray``."""
+    many worker processes of this machine; ``warm=False``: made on first use);
+    a :class:`RayEngine` for ``ray``. A local engine's ``workers`` also parse
+    (``replay.api.ingest``) and render (``replay.prepare``) when the log is
+    large enough to pay for them."""
     if name in (None, "local"):
         if address:
             raise ValueError("--address is for --engine ray")
         workers = options.pop("workers", None)
+        warm = options.pop("warm", True)
         if options:
             raise ValueError(f"the local engine takes only workers, not {', '.join(sorted(options))}")
         if workers is None or int(workers) <= 1:
             return None
+        if not warm:
+            return _LazyLocal(int(workers))
         from replay.distributed.local_engine import LocalEngine
 
         return LocalEngine(workers=int(workers))
@@ -64,6 +70,31 @@ def make(name: str, address: str | None = None, **options):
     from replay.distributed.ray_engine import RayEngine
 
     return RayEngine(address=address, **options)
+
+
+class _LazyLocal:
+    """A local engine made on first use (``make("local", workers=N, warm=False)``):
+    its module imports pyarrow and its fork server is a process, which a command
+    that never gets to a stage worth the workers (a small log, ``--help``) must
+    not pay. ``workers`` and ``name`` answer without making it."""
+
+    name = "local"
+    when_worth = True  # (replay.prepare: the workers only for a log large enough)
+
+    def __init__(self, workers: int):
+        self.workers = workers
+        self._engine = None
+
+    def __getattr__(self, attr):
+        if self._engine is None:
+            from replay.distributed.local_engine import LocalEngine
+
+            self._engine = LocalEngine(workers=self.workers)
+        return getattr(self._engine, attr)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
 
 
 def current():
