@@ -73,12 +73,22 @@ def _children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def _own_mb(pid: int) -> float:
+    """A process's proportional share of memory (PSS: a page shared by k processes
+    — the replay workers' memory-mapped segments — counts 1/k in each), else its RSS."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            return int(fh.read().split("Pss:")[1].split()[0]) / 1024.0
+    except (OSError, IndexError, ValueError):
+        with open(f"/proc/{pid}/status") as fh:
+            return int(fh.read().split("VmRSS:")[1].split()[0]) / 1024.0
+
+
 def _tree_rss_mb(pid: int) -> float:
-    """RSS of a process and its descendants, from /proc (Linux), in MB."""
+    """Memory of a process and its descendants (each one's PSS), from /proc (Linux), in MB."""
     total = 0.0
     try:
-        with open(f"/proc/{pid}/status") as fh:
-            total += int(fh.read().split("VmRSS:")[1].split()[0]) / 1024.0
+        total += _own_mb(pid)
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as fh:
                 total += sum(_tree_rss_mb(int(c)) for c in fh.read().split())
@@ -102,7 +112,7 @@ class _TreePeak:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.peak = max(self.peak, _tree_rss_mb(os.getpid()))
-            self._stop.wait(0.02)
+            self._stop.wait(0.25)  # (reading PSS walks each process's page tables: not too often)
 
     def stop(self) -> float:
         self._stop.set()
@@ -206,7 +216,9 @@ def stage_pipeline(logs: str, dbfile: str, ttls=TTLS, chat_template: str | None 
         # encoder process in all: on two cores, the sum over wall time says how
         # much of the second core was used
         "cpu_seconds": {"ingest": c1 - c0, "ingest_workers": ingest_workers_cpu, "prepare": c3 - c1,
-                        "sweep": c4 - c3, "encoder": _children_cpu_s() - ingest_workers_cpu,
+                        # (the replay's workers are the fork server's children, reaped with it: not the encoder)
+                        "sweep": c4 - c3,
+                        "encoder": _children_cpu_s() - ingest_workers_cpu - (workers_cpu_s(engine) or 0.0),
                         "replay_workers": workers_cpu_s(engine)},
         "workers": workers, "peak_rss_replay_workers_mb": workers_peak,
         "encoder": encoder_used, "tokenizer": tokenizer.name, "pipeline_s": t4 - t0 - own + close_s,
@@ -317,6 +329,15 @@ def one_run(requests: int, days: float, seed: int, turns: float, chat_share: flo
     if gen is not None:
         out["log_bytes"] = gen["log_bytes"]
         out["generate_s"] = gen["seconds"]
+    out["log_bytes"] = out.get("log_bytes") or sum(p.stat().st_size for p in logs.rglob("*") if p.is_file())
+    out["cost_model"] = cost_model(pipe, out["log_bytes"])
+    if workers > 1:  # the same log in one process, in the same run
+        dbfile.unlink()
+        one = _sub("pipeline", logs=str(logs), dbfile=str(dbfile), chat_template=chat_template, workers=1)
+        out["one_worker"] = {k: one[k] for k in ("pipeline_s", "ingest_s", "tokenize_s", "replay_s",
+                                                  "peak_rss_mb", "cpu_seconds")}
+        out["speedup_vs_one_worker"] = one["pipeline_s"] / total
+        out["rows_identical_to_one_worker"] = same_results(pipe["rows"], one["rows"])
     for name, run, enabled in (("naive", {"logs": str(logs)}, naive),
                                ("unique", {"logs": str(logs), "dbfile": str(workdir / "unique.duckdb")}, unique)):
         if not enabled:
@@ -334,6 +355,29 @@ def one_run(requests: int, days: float, seed: int, turns: float, chat_share: flo
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
     return out
+
+
+NODES = (8, 32, 128)  # two-core nodes of the 100×-week estimate
+
+
+def cost_model(pipe: dict, log_bytes: int, scale: int = 100, cores: int = 2) -> dict:
+    """What this run cost the driver (this process: ingest's placing and writing, the
+    tokenize stage's assembly, the replay's export and inserts, the sweep) and the
+    workers (parsing, the encoder process, rendering, the replay's walks), per 1,000
+    requests and per GB of logs, and the paper estimate for ``scale``× the log on
+    two-core nodes: the driver's CPU stays serial, the workers' divides over every
+    core, and the two are added (no overlap counted)."""
+    cpu = pipe["cpu_seconds"]
+    driver = cpu["ingest"] + cpu["prepare"] + cpu["sweep"]
+    workers = cpu.get("ingest_workers", 0.0) + cpu["encoder"] + (cpu.get("replay_workers") or 0.0)
+    gb, kreq = log_bytes / 1e9, pipe["requests"] / 1000
+    est = {}
+    for nodes in NODES:
+        d, w = scale * driver, scale * workers / (nodes * cores)
+        est[str(nodes)] = {"driver_s": d, "workers_s": w, "wall_h": (d + w) / 3600, "driver_share": d / (d + w)}
+    return {"driver_cpu_s": driver, "worker_cpu_s": workers,
+            "driver_cpu_s_per_1k_requests": driver / kreq, "driver_cpu_s_per_gb": driver / gb,
+            "worker_cpu_s_per_gb": workers / gb, f"estimate_{scale}x_by_nodes": est}
 
 
 def main(argv=None) -> int:
@@ -357,7 +401,8 @@ def main(argv=None) -> int:
                     help="render bodies with this chat template (a Jinja file or a model directory, as the "
                          "CLI's --chat-template) in the pipeline; the baselines cannot: needs --no-naive (its default)")
     ap.add_argument("--workers", type=int, default=1, metavar="N",
-                    help="processes of this machine for ingest, tokenize and the replay (default 1: one process)")
+                    help="processes of this machine for ingest, tokenize and the replay (default 1: one process); "
+                         "N > 1 also runs the log in one process, in the same run (speedup_vs_one_worker)")
     ap.add_argument("--_stage", help=argparse.SUPPRESS)
     ap.add_argument("--_args", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)

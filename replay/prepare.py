@@ -73,14 +73,18 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
         pending = tokenize_needed(con)
         tok = as_tokenizer(tokenizer) if (pending or tokenizer is not None) else None
         if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
-            workers = eng.workers if local and not (when_worth and db.untokenized(con) < TOKENIZE_WORKERS_FROM) \
-                else None
+            # (the neutral rendering's parts are rendered by the encoder process while
+            # ingest runs: a pool of renderers costs CPU there and saves nothing)
+            workers = eng.workers if local and tok.render != "neutral" and not (
+                when_worth and db.untokenized(con) < TOKENIZE_WORKERS_FROM) else None
             done["tokenize"] = tokenize_stage(con, tok, progress=progress, workers=workers)
             failpoint("prepare.tokenized")
         todo = walksets.stale(con, keys, horizon_us)
         if todo:
             if when_worth and con.execute("SELECT count(*) FROM requests").fetchone()[0] < REPLAY_WORKERS_FROM:
                 eng = None  # (a small log: the single pass is done before the workers would start)
+            if local and eng is not None and tok is not None:
+                tok.close()  # (its encoder process is done: its memory goes to the replay's workers)
             done["replay"] = _replay(con, todo, horizon_us, progress, eng)
             failpoint("prepare.replayed")
     return done

@@ -101,3 +101,18 @@ def test_the_distributed_bench_compares_like_with_like(logs, tmp_path):
     assert res["local"]["rows_identical"] is True and res["ray-1"]["rows_identical"] is True
     assert res["ray-1"]["requests"] == res["local"]["requests"] > 0
     assert res["ray-1"]["peak_rss_workers_mb"] and res["local"]["peak_rss_workers_mb"] == []
+
+
+def test_the_pipeline_at_two_workers_is_compared_with_one_in_the_same_run(tmp_path):
+    """--workers 2: the same log also runs in one process; the rows must agree, and
+    the cost model's figures come from the run's own CPU accounting."""
+    out = bench.one_run(requests=200, days=0.05, seed=3, turns=6.0, chat_share=0.2, naive=False,
+                        workdir=tmp_path / "w", keep=False, workers=2)
+    assert out["rows_identical_to_one_worker"] is True
+    assert out["speedup_vs_one_worker"] > 0
+    cm = out["cost_model"]
+    assert cm["driver_cpu_s"] > 0 and cm["worker_cpu_s"] > 0
+    assert cm["driver_cpu_s_per_1k_requests"] == pytest.approx(cm["driver_cpu_s"] / (out["requests"] / 1000))
+    est = cm["estimate_100x_by_nodes"]
+    assert set(est) == {"8", "32", "128"}
+    assert est["8"]["workers_s"] == pytest.approx(4 * est["32"]["workers_s"])
