@@ -540,13 +540,7 @@ class _Split:
         self.error: str | None = None
 
     def add(self, got: ParsedFile) -> None:
-        s, g = self.stats, got.stats
-        s.lines += g.lines
-        s.loaded += g.loaded
-        s.rejected += g.rejected
-        s.context += g.context
-        for k, v in g.by_reason.items():
-            s.by_reason[k] = s.by_reason.get(k, 0) + v
+        _add_counts(self.stats, got.stats, self.stats.by_reason)
         self.next += got.ids
         self.lines += got.lines_read
         if got.order is not None:
@@ -563,9 +557,15 @@ def _tick(bar: Any) -> None:
 
 
 def _add(summary: IngestSummary, stats: FileStats) -> None:
-    summary.lines += stats.lines
-    summary.loaded += stats.loaded
-    summary.rejected += stats.rejected
-    summary.context += stats.context
+    _add_counts(summary, stats, summary.rejected_by_reason)
+
+
+def _add_counts(total, stats: FileStats, reasons: dict) -> None:
+    """A file's (or a range's) counts added to ``total`` (a summary, or a cut file's
+    stats), its rejects by reason to ``reasons``."""
+    total.lines += stats.lines
+    total.loaded += stats.loaded
+    total.rejected += stats.rejected
+    total.context += stats.context
     for k, v in stats.by_reason.items():
-        summary.rejected_by_reason[k] = summary.rejected_by_reason.get(k, 0) + v
+        reasons[k] = reasons.get(k, 0) + v
