@@ -81,7 +81,7 @@ def _workers(ctx, param, value):
     ctx.meta["workers"] = value
     from replay import distributed  # (light: the engine itself is made only when used)
 
-    ctx.with_resource(distributed.engine_context("local", workers=value, warm=explicit))
+    ctx.with_resource(distributed.engine_context("local", workers=value, warm=False, when_worth=not explicit))
     return value
 
 

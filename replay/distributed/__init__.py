@@ -45,7 +45,8 @@ class DistributedIngestFailed(RuntimeError):
 def make(name: str, address: str | None = None, **options):
     """The engine called ``name``: for ``local``, None (this process, the single
     pass) or, with ``workers`` > 1, a :class:`LocalEngine` (the replay in that
-    many worker processes of this machine; ``warm=False``: made on first use);
+    many worker processes of this machine; ``warm=False``: made on first use,
+    and with ``when_worth=True`` used only for a log that pays for them);
     a :class:`RayEngine` for ``ray``. A local engine's ``workers`` also parse
     (``replay.api.ingest``) and render (``replay.prepare``) when the log is
     large enough to pay for them."""
@@ -53,13 +54,13 @@ def make(name: str, address: str | None = None, **options):
         if address:
             raise ValueError("--address is for --engine ray")
         workers = options.pop("workers", None)
-        warm = options.pop("warm", True)
+        warm, when_worth = options.pop("warm", True), options.pop("when_worth", False)
         if options:
             raise ValueError(f"the local engine takes only workers, not {', '.join(sorted(options))}")
         if workers is None or int(workers) <= 1:
             return None
         if not warm:
-            return _LazyLocal(int(workers))
+            return _LazyLocal(int(workers), when_worth)
         from replay.distributed.local_engine import LocalEngine
 
         return LocalEngine(workers=int(workers))
@@ -79,10 +80,10 @@ class _LazyLocal:
     not pay. ``workers`` and ``name`` answer without making it."""
 
     name = "local"
-    when_worth = True  # (replay.prepare: the workers only for a log large enough)
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, when_worth: bool = False):
         self.workers = workers
+        self.when_worth = when_worth  # (replay.prepare: the workers only for a log large enough)
         self._engine = None
 
     def __getattr__(self, attr):

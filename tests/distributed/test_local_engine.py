@@ -261,3 +261,18 @@ def test_the_progress_bar_counts_every_request_once(sample_con, engine, monkeypa
     api.prepare(sample_con, modes=MODES, variants=VARIANTS, progress=True, engine=engine)
     total = sample_con.execute("SELECT count(*) FROM walks WHERE variant = 'prompt' AND mode = 'tenant'").fetchone()[0]
     assert counted == [(total, total)]
+
+
+@pytest.mark.parametrize("when_worth", [True, False])
+def test_a_lazy_engine_is_made_on_first_use_and_only_where_it_pays(sample_con, when_worth):
+    """``make("local", workers=2, warm=False)`` (a command's engine): nothing is
+    started until a replay needs it; with ``when_worth`` a log under the
+    threshold (the sample) replays in this process. The rows are the single pass's."""
+    single = _rows(sample_con, None)
+    eng = distributed.make("local", workers=2, warm=False, when_worth=when_worth)
+    try:
+        assert eng.workers == 2 and eng._engine is None
+        assert _rows(sample_con, eng) == single
+        assert (eng._engine is None) == when_worth
+    finally:
+        eng.close()
