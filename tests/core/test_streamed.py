@@ -19,6 +19,7 @@ from replay.core.streams import MODES
 from replay.times import INF_US
 
 from support.gen import random_requests
+from support.logs import generated_db
 from support.walks import VARIANTS, partitioned, prompts_of, same
 
 
@@ -108,13 +109,7 @@ def test_a_window_of_the_segments_gives_the_same_prompts_and_rows(sample_con, mo
 
 @pytest.fixture(scope="module")
 def generated_con(tmp_path_factory):
-    from replay.synth.generator import generate
-
-    base = tmp_path_factory.mktemp("window")
-    logs = generate(base / "logs", seed=11, scale=0.1)
-    con = api.open_db(base / "g.duckdb")
-    api.ingest(con, [str(next(iter(logs.files.values())).parent)])
-    api.prepare(con, modes=())  # tokenize
+    con = generated_db(tmp_path_factory.mktemp("window"), seed=11, scale=0.1)
     yield con
     con.close()
 

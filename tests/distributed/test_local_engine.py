@@ -27,6 +27,7 @@ from replay.distributed.local_engine import FAULT_ENV, LocalEngine, components, 
 from replay.store import walksets
 from replay.times import INF_US
 from support import procs
+from support.logs import generated_db
 from support.paths import ROOT
 
 ROWS = """SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths, origins
@@ -42,13 +43,7 @@ def engine():
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
-    from replay.synth.generator import generate
-
-    base = tmp_path_factory.mktemp("localgen")
-    logs = generate(base / "logs", seed=7, scale=1.0)
-    con = api.open_db(base / "g.duckdb")
-    api.ingest(con, [str(next(iter(logs.files.values())).parent)])
-    api.prepare(con, modes=())  # tokenized
+    con = generated_db(tmp_path_factory.mktemp("localgen"), seed=7, scale=1.0)
     yield con
     con.close()
 

@@ -24,6 +24,7 @@ from replay.times import INF_US  # noqa: E402
 from replay.distributed import DistributedReplayFailed  # noqa: E402
 from replay.distributed.ray_engine import FAULT_ENV, RayEngine  # noqa: E402
 from replay.store import walksets  # noqa: E402
+from support.logs import generated_db  # noqa: E402
 
 SAMPLE = "data/sample"
 ROWS = """SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths, origins
@@ -53,11 +54,7 @@ def sample(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
-    from replay.synth.generator import generate
-
-    base = tmp_path_factory.mktemp("raygen")
-    logs = generate(base / "logs", seed=5, scale=0.1)
-    con = _db(base / "g.duckdb", [str(next(iter(logs.files.values())).parent)])
+    con = generated_db(tmp_path_factory.mktemp("raygen"), seed=5, scale=0.1)
     yield con
     con.close()
 

@@ -226,3 +226,16 @@ def mixed_logs(d: Path) -> Path:
 
 def dump(con) -> dict:
     return {t: con.execute(f"SELECT {cols} FROM {t} ORDER BY ALL").fetchall() for t, cols in TABLES.items()}
+
+
+def generated_db(base: Path, seed: int, scale: float):
+    """A database of the sample generator's logs (``seed``, ``scale``) under ``base``,
+    ingested and tokenized: what the engines' tests replay."""
+    from replay import api
+    from replay.synth.generator import generate
+
+    logs = generate(base / "logs", seed=seed, scale=scale)
+    con = api.open_db(base / "g.duckdb")
+    api.ingest(con, [str(next(iter(logs.files.values())).parent)])
+    api.prepare(con, modes=())  # tokenized
+    return con
