@@ -28,10 +28,9 @@ from replay.store import walksets
 from replay.times import INF_US
 from support import procs
 from support.logs import generated_db
+from support.walks import engine_rows as _rows
 from support.paths import ROOT
 
-ROWS = """SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths, origins
-          FROM walks ORDER BY variant, mode, request_id"""
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +45,6 @@ def generated(tmp_path_factory):
     con = generated_db(tmp_path_factory.mktemp("localgen"), seed=7, scale=1.0)
     yield con
     con.close()
-
-
-def _rows(con, engine, horizon_us=INF_US, modes=MODES, variants=VARIANTS):
-    keys = [(v, m) for v in variants for m in modes]
-    walksets.forget(con, keys)
-    api.prepare(con, modes=modes, variants=variants, horizon_us=horizon_us, engine=engine)
-    assert not walksets.stale(con, keys, horizon_us)
-    return con.execute(ROWS).fetchall()
 
 
 def _leftover_folders(con) -> list[str]:

@@ -19,16 +19,15 @@ ray = pytest.importorskip("ray")
 from replay import api  # noqa: E402
 from replay.cli.main import main  # noqa: E402
 from replay.core.grid import Grid  # noqa: E402
-from replay.core.streams import MODES, VARIANTS  # noqa: E402
+from replay.core.streams import MODES  # noqa: E402
 from replay.times import INF_US  # noqa: E402
 from replay.distributed import DistributedReplayFailed  # noqa: E402
 from replay.distributed.ray_engine import FAULT_ENV, RayEngine  # noqa: E402
 from replay.store import walksets  # noqa: E402
 from support.logs import generated_db  # noqa: E402
+from support.walks import engine_rows as _rows  # noqa: E402
 
 SAMPLE = "data/sample"
-ROWS = """SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths, origins
-          FROM walks ORDER BY variant, mode, request_id"""
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,14 +56,6 @@ def generated(tmp_path_factory):
     con = generated_db(tmp_path_factory.mktemp("raygen"), seed=5, scale=0.1)
     yield con
     con.close()
-
-
-def _rows(con, engine, horizon_us=INF_US, modes=MODES, variants=VARIANTS):
-    keys = [(v, m) for v in variants for m in modes]
-    walksets.forget(con, keys)
-    api.prepare(con, modes=modes, variants=variants, horizon_us=horizon_us, engine=engine)
-    assert not walksets.stale(con, keys, horizon_us)
-    return con.execute(ROWS).fetchall()
 
 
 @pytest.mark.parametrize("horizon_us", [INF_US, 300_000_000])

@@ -87,3 +87,20 @@ def same(prompts, modes, variants, horizon, parts, depth, segments=None, size=2,
             assert got[key] == want[key], (key, parts, depth, horizon, size, batch)
     assert pool.most_busy <= streamed.CALLS_PER_WALKER
     return got
+
+
+WALK_ROWS = """SELECT variant, mode, request_id, stream, model, ts_us, prompt_tokens, gaps, depths, origins
+               FROM walks ORDER BY variant, mode, request_id"""
+
+
+def engine_rows(con, engine, horizon_us=INF_US, modes=MODES, variants=VARIANTS) -> list:
+    """Every `walks` row after ``prepare`` replays ``modes`` × ``variants`` on ``engine``
+    (None: the single pass, the oracle), the sets forgotten first and current after."""
+    from replay import api
+    from replay.store import walksets
+
+    keys = [(v, m) for v in variants for m in modes]
+    walksets.forget(con, keys)
+    api.prepare(con, modes=modes, variants=variants, horizon_us=horizon_us, engine=engine)
+    assert not walksets.stale(con, keys, horizon_us)
+    return con.execute(WALK_ROWS).fetchall()
