@@ -143,3 +143,44 @@ def test_prepare_replays_only_the_sets_that_are_not_current(tmp_path, logs, tok)
     assert done["replay"].modes == ("tenant", "global")  # tenant: too short a horizon; global: never walked
     status = walksets.status(con)
     assert status[("prompt", "key")][0] == 300_000_000 and status[("prompt", "tenant")][0] == 600_000_000
+
+
+class _Local:
+    """A stand-in for a local engine: what ``prepare`` asks of it, recorded."""
+
+    name, workers, when_worth = "local", 2, False
+
+
+@pytest.mark.parametrize("render", [None, "deepseek"])
+def test_a_local_engine_renders_in_workers_except_neutrally_and_frees_the_encoder(tmp_path, monkeypatch, render):
+    """prepare on a local engine: the tokenize stage gets the engine's workers only
+    for a rendering other than the neutral one (whose parts the encoder process
+    renders during ingest), and the tokenizer's encoder process is closed before
+    the replay's workers start."""
+    import replay.prepare as prep
+
+    seen = {}
+    real_tokenize = prep.tokenize_stage
+
+    def tokenize(con, tok, progress=False, workers=None):
+        seen["workers"] = workers
+        return real_tokenize(con, tok, progress=progress)
+
+    def replay(con, keys, horizon_us, progress, engine=None):
+        seen["engine"], seen["closed"] = engine, tok._proc is None
+        return None
+
+    monkeypatch.setattr(prep, "tokenize_stage", tokenize)
+    monkeypatch.setattr(prep, "_replay", replay)
+    con = api.open_db(tmp_path / "r.duckdb")
+    api.ingest(con, ["data/sample"])
+    tok = api.load_tokenizer(api.tokenizer_spec(None, render, None))
+    assert tok._proc is not None  # (its encoder process runs, for the close to be seen)
+    try:
+        eng = _Local()
+        prep.prepare(con, modes=("tenant",), tokenizer=tok, engine=eng)
+    finally:
+        tok.close()
+        con.close()
+    assert seen["workers"] == (None if render is None else 2)
+    assert seen["engine"] is eng and seen["closed"]
