@@ -45,7 +45,8 @@ from replay.core.grid import DEFAULT_BLOCKS, DEFAULT_MIN_PREFIXES, DEFAULT_STREA
 from replay.core.streams import MODES  # noqa: F401
 from replay.core.sweep import sweep as _sweep
 from replay import distributed
-from replay.distributed import ENGINES, DistributedIngestFailed, DistributedReplayFailed, EngineUnavailable  # noqa: F401
+from replay.distributed import (ENGINES, DistributedIngestFailed, DistributedReplayFailed,  # noqa: F401
+                                EngineUnavailable, WorkerFailed)
 from replay.distributed import engine_context as replay_engine
 from replay.times import format_ttl, parse_ttl  # noqa: F401
 from replay.core.warmup import describe as describe_warmup, parse_warmup  # noqa: F401

@@ -11,6 +11,8 @@ stale or short (the readers refuse them too).
 
 from __future__ import annotations
 
+import contextlib
+
 from replay import distributed
 from replay.core.replay import replay_stage
 from replay.core.streams import MODES, VARIANTS, check_modes
@@ -74,10 +76,12 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
         tok = as_tokenizer(tokenizer) if (pending or tokenizer is not None) else None
         if tok is not None and (pending or db.get_meta(con, "tokenizer") not in (None, tok.name)):
             # (the neutral rendering's parts are rendered by the encoder process while
-            # ingest runs: a pool of renderers costs CPU there and saves nothing)
-            workers = eng.workers if local and tok.render != "neutral" and not (
+            # ingest runs, as are a chat template's requests ahead: a pool of renderers
+            # costs CPU there and saves nothing; DeepSeek's encoding renders here)
+            workers = eng.workers if local and tok.render not in ("neutral", "template") and not (
                 when_worth and db.untokenized(con) < TOKENIZE_WORKERS_FROM) else None
-            done["tokenize"] = tokenize_stage(con, tok, progress=progress, workers=workers)
+            with render_pool(workers) as pool:
+                done["tokenize"] = tokenize_stage(con, tok, progress=progress, pool=pool)
             failpoint("prepare.tokenized")
         todo = walksets.stale(con, keys, horizon_us)
         if todo:
@@ -88,6 +92,24 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
             done["replay"] = _replay(con, todo, horizon_us, progress, eng)
             failpoint("prepare.replayed")
     return done
+
+
+@contextlib.contextmanager
+def render_pool(workers: int | None):
+    """``workers`` local processes sharing the tokenize stage's rendering (None for
+    one or none; started on the first chunk that has rendering to share), closed
+    after, however left."""
+    if not workers or workers < 2:
+        yield None
+        return
+    from replay.distributed.file_pool import FilePool
+
+    pool = FilePool(workers, failed=distributed.WorkerFailed,
+                    then="Nothing of that chunk was stored: the next command redoes it, or run without --workers")
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 def _replay(con, keys, horizon_us: int, progress: bool, engine=None):

@@ -19,8 +19,10 @@ from replay.core.grid import Grid
 from replay.core.sweep import sweep
 from replay.store import walksets
 from replay.store.walksets import StaleWalks
+from support.paths import ROOT
 
 SAMPLE = "data/sample"
+V31 = ROOT / "bench" / "templates" / "tool_chat_template_deepseekv31.jinja"
 
 
 def _cli(*args):
@@ -151,20 +153,20 @@ class _Local:
     name, workers, when_worth = "local", 2, False
 
 
-@pytest.mark.parametrize("render", [None, "deepseek"])
-def test_a_local_engine_renders_in_workers_except_neutrally_and_frees_the_encoder(tmp_path, monkeypatch, render):
-    """prepare on a local engine: the tokenize stage gets the engine's workers only
-    for a rendering other than the neutral one (whose parts the encoder process
-    renders during ingest), and the tokenizer's encoder process is closed before
-    the replay's workers start."""
+@pytest.mark.parametrize("render", [None, "deepseek", "template"])
+def test_a_local_engine_renders_in_workers_only_deepseek_and_frees_the_encoder(tmp_path, monkeypatch, render):
+    """prepare on a local engine: the tokenize stage gets a pool of the engine's
+    workers only for DeepSeek's encoding (the neutral rendering's parts and a
+    template's requests are rendered by the encoder process during ingest), and
+    the tokenizer's encoder process is closed before the replay's workers start."""
     import replay.prepare as prep
 
     seen = {}
     real_tokenize = prep.tokenize_stage
 
-    def tokenize(con, tok, progress=False, workers=None):
-        seen["workers"] = workers
-        return real_tokenize(con, tok, progress=progress)
+    def tokenize(con, tok, progress=False, pool=None):
+        seen["workers"] = None if pool is None else pool.workers
+        return real_tokenize(con, tok, progress=progress, pool=pool)
 
     def replay(con, keys, horizon_us, progress, engine=None):
         seen["engine"], seen["closed"] = engine, tok._proc is None
@@ -174,7 +176,8 @@ def test_a_local_engine_renders_in_workers_except_neutrally_and_frees_the_encode
     monkeypatch.setattr(prep, "_replay", replay)
     con = api.open_db(tmp_path / "r.duckdb")
     api.ingest(con, ["data/sample"])
-    tok = api.load_tokenizer(api.tokenizer_spec(None, render, None))
+    tok = api.load_tokenizer(api.tokenizer_spec(None, None if render == "template" else render,
+                                                 V31 if render == "template" else None))
     assert tok._proc is not None  # (its encoder process runs, for the close to be seen)
     try:
         eng = _Local()
@@ -182,5 +185,5 @@ def test_a_local_engine_renders_in_workers_except_neutrally_and_frees_the_encode
     finally:
         tok.close()
         con.close()
-    assert seen["workers"] == (None if render is None else 2)
+    assert seen["workers"] == (2 if render == "deepseek" else None)
     assert seen["engine"] is eng and seen["closed"]

@@ -280,7 +280,7 @@ def on_engine(engine: str, address: str | None):
                 yield
         else:
             yield
-    except (api.EngineUnavailable, api.DistributedReplayFailed, api.DistributedIngestFailed) as e:
+    except (api.EngineUnavailable, api.DistributedReplayFailed, api.WorkerFailed) as e:
         raise click.ClickException(str(e)) from None
 
 

@@ -37,7 +37,12 @@ class DistributedReplayFailed(RuntimeError):
     set of that replay was recorded current."""
 
 
-class DistributedIngestFailed(RuntimeError):
+class WorkerFailed(RuntimeError):
+    """A worker process of this machine failed (killed, out of memory, or its
+    call raised): nothing of the work it held was stored."""
+
+
+class DistributedIngestFailed(WorkerFailed):
     """A file could not be parsed on the engine (after its retries): the files
     before it are loaded, it and those after are not."""
 

@@ -38,6 +38,10 @@ import traceback
 
 from replay.distributed import DistributedIngestFailed
 
+#: what a failed ingest map leaves (``FilePool``'s default ``then``)
+INGEST_THEN = ("The files before it are loaded (each in its own transaction); run the command again to load "
+               "the rest, or without --workers")
+
 _LEN = struct.Struct("<Q")
 _WORKER = ("import sys; sys.path[:0] = {paths!r}; "
            "from replay.distributed.file_pool import _worker_main; _worker_main()")
@@ -49,8 +53,9 @@ class FilePool:
 
     name = "local"
 
-    def __init__(self, workers: int = 2):
+    def __init__(self, workers: int = 2, failed: type = DistributedIngestFailed, then: str = INGEST_THEN):
         self.workers = max(1, int(workers))
+        self.failed, self.then = failed, then  # (the error a failed item raises, and what it says was kept)
         self._procs: list[_Worker] = []
         self._lock = threading.Lock()  # (the main thread and the result readers hand out tasks)
         self._pending: collections.deque = collections.deque()  # tasks no worker took yet, in order
@@ -58,8 +63,9 @@ class FilePool:
         self.mapped = 0  # items handed to the workers (what ran there, not here)
         self.started = 0  # processes started, over the pool's life
 
-    def map_ordered(self, fn, items, *args):
-        """``(item, fn(item, *args))`` for each of ``items``, in their order."""
+    def map_ordered(self, fn, items, *args, label=str):
+        """``(item, fn(item, *args))`` for each of ``items``, in their order
+        (``label(item)`` names a failed one)."""
         self._call = (self._call[0] + 1, b"C" + pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL))
         name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", "task")
         todo = iter(items)
@@ -83,16 +89,12 @@ class FilePool:
                 task = flight.popleft()
                 task.done.wait()
                 if task.result is _EOF:
-                    raise DistributedIngestFailed(
-                        f"{name} of {task.item} failed: its worker process died ({task.worker.how_it_ended()}). "
-                        "The files before it are loaded (each in its own transaction); run the command again to "
-                        "load the rest, or without --workers")
+                    raise self.failed(f"{name} of {label(task.item)} failed: its worker process died "
+                                      f"({task.worker.how_it_ended()}). {self.then}")
                 ok, payload = pickle.loads(task.result)
                 if not ok:
-                    raise DistributedIngestFailed(
-                        f"{name} of {task.item} raised in a worker process: "
-                        f"{payload.strip().splitlines()[-1][:300]}. The files before it are loaded (each in its "
-                        "own transaction)\n" + payload)
+                    raise self.failed(f"{name} of {label(task.item)} raised in a worker process: "
+                                      f"{payload.strip().splitlines()[-1][:300]}. {self.then}\n" + payload)
                 yield task.item, payload
         finally:
             with self._lock:

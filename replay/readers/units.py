@@ -65,10 +65,6 @@ class Known:
         return self.path
 
 
-def unit_path(unit) -> str:
-    return unit if isinstance(unit, str) else unit.path
-
-
 def ranges(path: str, forced: str | None, range_bytes: int = RANGE_BYTES) -> list[Range] | None:
     """``path`` cut into ranges of about ``range_bytes`` at line ends, or None
     when it is read whole (module docstring; also when it cannot be read here:

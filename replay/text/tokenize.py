@@ -62,10 +62,10 @@ from replay.store.jsontext import loads
 from replay.text.blob_cache import (BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows,
                                     with_whole_bodies)
 from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg_id
-from replay.text import render_pool, render_template
+from replay.text import render_template
 from replay.text.render_template import WHOLE_TEXT_ENV
 from replay.text.template_bodies import TemplateBodies
-from replay.text.renderers import TEMPLATE
+from replay.text.renderers import TEMPLATE, rendered_rows
 from replay.text.tok import Tok, load_tokenizer
 
 CHUNK_REQUESTS = (2_000, 10_000)  # requests per transaction: at least, at most (about 25 transactions)
@@ -276,7 +276,7 @@ def tokenize_needed(con) -> bool:
 
 def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = False,
                    batch_chars: int = BATCH_CHARS, chunk_requests: int | None = None,
-                   workers: int | None = None) -> TokenizeSummary:
+                   pool=None) -> TokenizeSummary:
     """Fill ``segments`` and ``prompts`` for every request still waiting for them.
 
     ``tokenizer``: a :class:`Tok`, a local tokenizer path, or None (DeepSeek-V4).
@@ -289,8 +289,9 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     nothing.
 
     The ids are the reference's (``replay.text.engine``: what its shortcut
-    encodes is checked on a sample as it goes). ``workers`` N > 1: a chunk's
-    rendering is shared by N processes (``replay.text.render_pool``; the same rows).
+    encodes is checked on a sample as it goes). ``pool``: a chunk's rendering
+    is shared by its worker processes (``replay.text.renderers.render_shared``;
+    the same rows); the caller closes it.
     """
     t0 = time.perf_counter()
     tok = tokenizer if isinstance(tokenizer, Tok) else load_tokenizer(tokenizer)
@@ -302,7 +303,6 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         f"SELECT request_id FROM requests r WHERE {_WAITING} ORDER BY request_id").fetchnumpy()["request_id"]
     if chunk_requests is None:
         chunk_requests = min(max(CHUNK_REQUESTS[0], len(pending) // 25), CHUNK_REQUESTS[1])
-    pool = render_pool.RenderPool(workers) if workers and workers > 1 and len(pending) else None
     run = _Run(con, tok, batch_chars, progress, len(pending), pool)
     try:
         for start in range(0, len(pending), chunk_requests):
@@ -310,8 +310,6 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
         run.committed()
     finally:
         run.close()
-        if pool is not None:
-            pool.close()
     if run.aside:
         print(f"tokenize: {run.aside:,} requests cannot be rendered and are set aside (table set_aside, "
               "with the reason); the rest go on", file=sys.stderr)
@@ -405,7 +403,7 @@ class _Run:
         fmts, bodies = tbl.column("format").to_pylist(), tbl.column("body").to_pylist()
         outputs, times = tbl.column("output").to_pylist(), tbl.column("ts_us").to_pylist()
         toks, out_toks = db.list_rows(tbl.column("tokens")), db.list_rows(tbl.column("output_tokens"))
-        pre = {} if self.pool is None or template else render_pool.rendered_rows(
+        pre = {} if self.pool is None or template else rendered_rows(
             self.pool, self.tok.render, fmts, bodies, outputs, by_blobs, ahead)
         for i, rid in enumerate(tbl.column("request_id").to_pylist()):
             try:

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -106,3 +107,9 @@ def dying_parse(unit, *args):
     if os.path.basename(getattr(unit, "path", unit)).startswith("die"):
         os.kill(os.getpid(), signal.SIGKILL)
     return parse_unit(unit, *args)
+
+
+def dying_render(items, name):
+    """``renderers.render_items``, except that in a worker process (``python -c``) it dies."""
+    assert sys.argv[:1] == ["-c"], "meant for a worker process, not this one"
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -15,8 +15,8 @@ from replay.store import db
 from replay.text.render import (
     DEFAULT_IMAGE_TOKENS,
     MARKERS,
-    cache_breakpoints,
     image_tokens_from_base64,
+    render_layout,
     render_output,
     render_request,
     render_text,
@@ -77,7 +77,6 @@ def test_markers_are_added_special_tokens_of_shipped_tokenizer(tok):
         assert tok.marker_id(name) == added[s]
         assert tok.encode(s) == [added[s]]
     assert tok.name == "deepseek-v4"
-    assert tok.chat_template is None
     assert tok.encode("hello") == tok.tokenizer.encode("hello", add_special_tokens=False).ids
 
 
@@ -149,15 +148,15 @@ def test_openai_roles_render_in_place():
                      '{"name":"get_weather","arguments":"{\\"location\\":\\"東京\\"}"}']
 
 
-def test_cache_breakpoints_point_at_last_piece_of_marked_block():
+def test_layout_breakpoints_point_at_last_piece_of_marked_block():
     body = ANTHROPIC_BODIES[1]
-    pieces = render_request(body, "anthropic")
-    bps = cache_breakpoints(body)
+    pieces, bps = render_layout(body, "anthropic")
+    assert pieces == render_request(body, "anthropic")
     assert len(bps) == 3
     assert pieces[bps[0]][1].startswith('{"name":"str_replace_editor"')   # tool def
     assert pieces[bps[1]] == ("text", "\n\nsecond block\n", 1)            # system block
     assert pieces[bps[2]] == ("text", "total 0\r\ndrwx  2 root\n\n", 4)   # tool result
-    assert cache_breakpoints({"messages": [{"role": "user", "content": "x"}]}) == []
+    assert render_layout({"messages": [{"role": "user", "content": "x"}]})[1] == []
 
 
 # --------------------------------------------------------------------------- key order
@@ -468,7 +467,6 @@ def test_switching_tokenizer_clears_old_rows(tmp_path, tok):
     d = make_local_tokenizer(tmp_path / "tiny")
     local = load_tokenizer(str(d))
     assert local.name.startswith("tiny-") and len(local.name) == len("tiny-") + 8
-    assert local.chat_template.startswith("{% for m")
     for name in MARKERS:
         assert local.encode(MARKERS[name]) == [local.marker_id(name)]
 
