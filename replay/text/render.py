@@ -1,81 +1,13 @@
 """Render a logged request body into a flat list of pieces (the neutral template).
 
 Pure functions, no I/O, no tokenizer needed (except :func:`render_text`, which
-only needs the marker strings).
-
-Pieces
-------
-A *piece* is a tuple ``(kind, payload, part)``:
-
-* ``("marker", name, part)`` — a special token, ``name`` a key of :data:`MARKERS`;
-* ``("text", str, part)`` — a run of text, tokenized on its own (never empty);
-* ``("image", (sha256_hex, n_tokens), part)`` — an image placeholder run.
-
-``part`` says which part of the request the piece belongs to: ``0`` tools (the
-BOS marker belongs to part 0 as well), ``1`` system (anthropic top-level
-``system`` / openai-responses ``instructions``), ``2 + k`` message ``k``, and
-``2 + n`` the final generation marker (``n`` = number of messages). Pieces of a
-reply (:func:`render_output`) have part ``-1``.
-
-The neutral template
---------------------
-The DeepSeek-V4 tokenizer ships no chat template, so the default rendering puts
-a marker special token before every piece of text. Tokenizers split on added
-tokens before anything else, therefore tokenizing every text piece alone and
-concatenating equals tokenizing :func:`render_text` as a whole — which makes
-content-addressed segments exact. The order is:
-
-1. ``bos``;
-2. for each tool definition: ``tool_def`` + compact JSON of the tool exactly as
-   logged (``json.dumps(tool, separators=(",", ":"), ensure_ascii=False)``; the
-   body comes from ``json.loads`` which keeps key order, and no key is ever
-   sorted). The one exception: a top-level ``cache_control`` key of the tool is
-   left out, like every ``cache_control`` (metadata, see below), so moving a
-   breakpoint never changes the rendered tokens;
-3. for each system block (anthropic ``system`` as a string = one block, or a
-   list of text blocks; openai-responses ``instructions``): ``system`` + text;
-4. each message: a role marker — ``user``, ``assistant``, ``tool_result`` (openai
-   role ``tool``; responses ``function_call_output``), ``system`` (openai
-   ``system``/``developer`` messages are messages, rendered in place) — then its
-   content: a string is one text piece; a list of blocks renders each block, with
-   a ``block`` marker before every block after the first.  For an assistant
-   message, a DeepSeek-style ``reasoning_content`` string comes first
-   (``think`` + text) and openai ``tool_calls`` come after the content (each:
-   ``tool_call`` + compact JSON of its ``function`` object, or of the whole call
-   when it has no ``function``). ``name``/``tool_call_id`` fields of messages
-   are not rendered;
-5. ``assistant`` — the generation prompt (part ``2 + n``).
-
-Content blocks
---------------
-* ``text`` / ``input_text`` / ``output_text`` → the text;
-* ``image`` (anthropic, source ``base64`` / ``url`` / ``file``), ``image_url``
-  (openai, ``{"url": ...}`` or a bare string), ``input_image`` (responses) →
-  ``image`` marker + an image piece (see below);
-* ``tool_use`` (also ``server_tool_use``) → ``tool_call`` + compact JSON of
-  ``{"name", "input"}`` in the order those keys appear in the block;
-* ``tool_result`` (also ``*_tool_result``) → ``tool_result`` + its content (a
-  string, or nested blocks rendered recursively with the same ``block`` rule);
-* ``opaque`` (``{"type": "opaque", "id", "tokens"}``: a part of the prompt the
-  log does not hold, such as encrypted reasoning) → a placeholder run of
-  ``tokens`` ids seeded by ``id``, as an image's (nothing when ``tokens`` ≤ 0);
-* ``thinking`` → ``think`` + the thinking text; ``redacted_thinking`` →
-  ``think`` + its ``data`` string as text;
-* anything else (documents, audio, unknown types) → the compact JSON of the
-  block with ``cache_control`` removed (a deterministic stand-in).
-
-``cache_control`` keys of blocks and messages are metadata, not rendered; use
-:func:`render_layout` to learn where they sit.
-
-Images
-------
-An image is hashed (sha256 of the base64 data string, or of the URL / file id
-as logged) and its token count estimated as ``ceil(w * h / 750)`` capped at
-1600 (Anthropic's published estimate; the cap approximates the resize of long
-edges beyond ~1568 px), with ``w, h`` parsed from the PNG / GIF / JPEG / WebP
-header in the base64 data (only the first ~64 KiB is decoded); when the size
-cannot be read (URLs, unknown formats, truncated data) the estimate is
-:data:`DEFAULT_IMAGE_TOKENS` (1000).
+only needs the marker strings). A piece is ``(kind, payload, part)``: a
+``marker`` (a special token, a key of :data:`MARKERS`), a ``text`` run or an
+``image`` placeholder, and the part of the request it belongs to (0 tools, 1
+system, 2 + k message k, 2 + n the generation marker, -1 a reply). The
+template — a marker before every piece of text, so that tokenizing pieces
+alone equals tokenizing the whole — its order, content blocks and image
+estimates are specified in ``docs/rendering.md``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Content ids of segments (pure functions; see ``replay.text.tokenize`` for the scheme).
+"""Content ids of segments (pure functions; the scheme is also in ``docs/rendering.md``).
 
 ``seg_id`` = first 8 bytes, unsigned big-endian, of ``blake2b`` (64-byte digest) over:
 

@@ -1,48 +1,15 @@
 """Tokenize stage: ``requests`` → content-addressed ``segments`` + ``prompts``.
 
-Every request body is rendered into pieces — with the neutral template of
-:mod:`replay.text.render`, or DeepSeek's encoding
-(:mod:`replay.text.render_deepseek`) when the ``Tok`` says so (``--render``;
-the rendering is part of ``Tok.name``); each piece is a *segment* keyed by a
-tokenizer-independent content id (``seg_id`` = first 8 bytes, unsigned
-big-endian, of ``blake2b`` (64-byte digest) over):
-
-* text:    ``b"text\\0"   + utf-8 text``  (lone surrogates kept via ``surrogatepass``)
-* marker:  ``b"marker\\0" + name``
-* image:   ``b"image\\0"  + sha256 hex + b"\\0" + decimal token count``
-* tokens:  ``b"tokens\\0" + int32 little-endian bytes`` (pre-tokenized logs)
-
-Unique texts are tokenized once, in batches, without BOS/EOS, by the tokenizer
-(``replay.text.tok``: exactly the ids of Hugging Face ``tokenizers``, usually
-from a helper process that has prepared most body parts while ingest ran).
-Bodies stored as content-addressed parts are rendered a part at a time
-(``replay.text.blob_cache``) under the neutral template; another rendering
-(whose wrapping of a message depends on its neighbours) renders each body
-whole, its segments still content-addressed. A request that cannot be rendered is set aside
-(table ``set_aside``, with the reason) and the stage goes on.
-Because a marker (an added token) sits between any two text pieces,
-segment-wise tokenization equals tokenizing the whole rendered prompt (checked
-in the tests).
-
-The ``segments`` table belongs to one tokenizer and rendering:
-``meta['tokenizer']`` holds ``Tok.name`` (with ``+render=NAME`` unless
-neutral); tokenizing with another tokenizer or rendering first clears ``segments``,
-``prompts`` and the requests it set aside (the walks' fingerprint names the
-tokenizer, so ``replay.prepare`` replays them).
-
-Renderings: the neutral template (the default), DeepSeek's encoding
-(``--render deepseek``, which matches the DeepSeek API's ``prompt_tokens``),
-or a model's own chat template (``--chat-template``,
-``replay.text.render_template``: the rendered text cut at the tokenizer's added
-tokens, each request rendered at its own time; most requests are rendered
-ahead by the encoder process, ``replay.text.template_ahead``). A tokenizer
-directory's own ``chat_template`` is used only when ``--chat-template`` names it.
-
-Formats: ``anthropic``/``openai``/``trajectory`` → render ``body`` (and
-``output``); ``tokens`` → one segment holding ``tokens`` (``seg_parts = [1]``)
-and one holding ``output_tokens``; block traces (``mooncake``, ``bailian``,
-``ragpulse``, ``kv-cache-tester``: rows with ``block_ids``) → skipped (no prompt
-row; the replay reads ``block_ids`` directly).
+Every request body is rendered into pieces (``replay.text.renderers``: the
+neutral template, DeepSeek's encoding or a model's chat template); each piece
+is a segment keyed by a tokenizer-independent content id
+(``replay.text.segids``), and unique texts are tokenized once, in batches, by
+the tokenizer (``replay.text.tok``). Bodies stored as content-addressed parts
+are rendered a part at a time (``replay.text.blob_cache``); a request that
+cannot be rendered is set aside with the reason. The ``segments`` table
+belongs to one tokenizer and rendering (``meta['tokenizer']``): another one
+clears it first. The contract — segment ids, formats, renderings — is
+``docs/rendering.md``.
 """
 
 from __future__ import annotations
