@@ -26,13 +26,13 @@ import pyarrow.compute  # noqa: F401 - pa.compute
 from replay.store import db
 from replay.store.failpoints import failpoint
 from replay.store.jsontext import loads
-from replay.text.blob_cache import (BlobCache, Unrenderable, blob_prompts, list_array, rows_with, take_rows,
-                                    with_whole_bodies)
+from replay.text.blob_cache import (BlobCache, Unrenderable, blob_prompts, list_array, rendered_rows, rows_with,
+                                    take_rows, with_whole_bodies)
 from replay.text.segids import MARKER_SEG, image_seg_id, text_seg_id, tokens_seg_id
 from replay.text import render_template
 from replay.text.render_template import WHOLE_TEXT_ENV
 from replay.text.template_bodies import TemplateBodies
-from replay.text.renderers import TEMPLATE, rendered_rows
+from replay.text.renderers import TEMPLATE
 from replay.text.tok import Tok, load_tokenizer
 
 CHUNK_REQUESTS = (2_000, 10_000)  # requests per transaction: at least, at most (about 25 transactions)
@@ -257,7 +257,7 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
 
     The ids are the reference's (``replay.text.engine``: what its shortcut
     encodes is checked on a sample as it goes). ``pool``: a chunk's rendering
-    is shared by its worker processes (``replay.text.renderers.render_shared``;
+    is shared by its worker processes (``replay.text.blob_cache.render_shared``;
     the same rows); the caller closes it.
     """
     t0 = time.perf_counter()

@@ -110,6 +110,6 @@ def dying_parse(unit, *args):
 
 
 def dying_render(items, name):
-    """``renderers.render_items``, except that in a worker process (``python -c``) it dies."""
+    """``blob_cache.render_items``, except that in a worker process (``python -c``) it dies."""
     assert sys.argv[:1] == ["-c"], "meant for a worker process, not this one"
     os.kill(os.getpid(), signal.SIGKILL)

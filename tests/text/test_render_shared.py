@@ -1,5 +1,5 @@
 """The tokenize stage with its rendering shared by worker processes (a
-``FilePool``, ``renderers.render_shared``): the same tables as one process
+``FilePool``, ``blob_cache.render_shared``): the same tables as one process
 (the oracle), no worker left behind, a dead worker a clear error."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from replay import api
 from replay.distributed import WorkerFailed
 from replay.distributed.file_pool import FilePool
 from replay.prepare import render_pool
-from replay.text import renderers, tokenize
+from replay.text import blob_cache, tokenize
 from replay.text.tok import load_tokenizer
 from support.logs import mixed_logs, planted_logs
 from support.ranges import dying_render
@@ -44,9 +44,9 @@ def test_shares_come_back_in_order_as_rendered_here():
     items = [("part", "message", '{"role": "user", "content": "hello %d"}' % i) for i in range(7)]
     items += [("part", "message", "{not json"), ("body", "openai", None, None)]
     with FilePool(3) as pool:
-        assert renderers.render_shared(pool, "neutral", items) == renderers.render_items(items, "neutral")
+        assert blob_cache.render_shared(pool, "neutral", items) == blob_cache.render_items(items, "neutral")
         assert pool.started == 3
-    assert renderers.render_items(items, "neutral")[-2][0] == "error"
+    assert blob_cache.render_items(items, "neutral")[-2][0] == "error"
 
 
 @pytest.mark.parametrize("how", ["neutral-inline", "deepseek"])
@@ -107,23 +107,23 @@ def test_a_dead_worker_is_a_clear_error_and_the_next_run_redoes_it(logs, tmp_pat
         oracle = _prepared(logs, tmp_path, tok, "oracle")
         tokenize.tokenize_stage(oracle, tok, chunk_requests=40)
         con = _prepared(logs, tmp_path, tok, "crashed")
-        real, chunks = renderers.render_items, []
+        real, chunks = blob_cache.render_items, []
 
         def shared(pool, name, items):  # (the second chunk's shares go to a worker that dies)
             chunks.append(1)
-            monkeypatch.setattr(renderers, "render_items", dying_render if len(chunks) == 2 else real)
+            monkeypatch.setattr(blob_cache, "render_items", dying_render if len(chunks) == 2 else real)
             try:
                 return real_shared(pool, name, items)
             finally:
-                monkeypatch.setattr(renderers, "render_items", real)
+                monkeypatch.setattr(blob_cache, "render_items", real)
 
-        real_shared = renderers.render_shared
-        monkeypatch.setattr(renderers, "render_shared", shared)
+        real_shared = blob_cache.render_shared
+        monkeypatch.setattr(blob_cache, "render_shared", shared)
         with pytest.raises(WorkerFailed, match=r"of a share of \d+ bodies failed: its worker process "
                                                r"died \(killed by SIGKILL\)\. Nothing of that chunk was stored"):
             with render_pool(2) as pool:
                 tokenize.tokenize_stage(con, tok, chunk_requests=40, pool=pool)
-        monkeypatch.setattr(renderers, "render_shared", real_shared)
+        monkeypatch.setattr(blob_cache, "render_shared", real_shared)
         assert len(chunks) == 2 and tokenize.tokenize_needed(con)
         with render_pool(2) as pool:
             tokenize.tokenize_stage(con, tok, chunk_requests=40, pool=pool)
