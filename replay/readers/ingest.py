@@ -33,7 +33,7 @@ from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_field
 from replay.readers.loader import FileIngest, FileStats
 from replay.readers.parsed import ParsedFile, parse_range, parse_unit
 from replay.readers.timeorder import FLAGGED, TimeOrder
-from replay.readers.units import RANGE_BYTES, Known, Range, ranges
+from replay.readers.units import RANGE_BYTES, Digest, Known, Range, ranges
 from replay.readers.writer import Writer
 from replay.store import db
 from replay.store.failpoints import failpoint
@@ -232,7 +232,7 @@ class _Run:
         self.hashes = {path: self.hasher.submit(file_keys, path) for path in dict.fromkeys(files)} if hash_here else {}
         self.prepared = None  # (``ingest``'s: where parts prepared with a parsed file go)
         self.split: _Split | None = None  # the file cut into ranges being written (its transaction open)
-        self.split_keys: dict[str, Future] = {}  # such files' keys, hashed here (a range has none)
+        self.split_keys: dict[str, Future | ParsedFile] = {}  # such files' keys (a range has none)
 
     def file(self, path: str) -> None:
         """One file: skipped when its hash is known, else loaded in a transaction of its own."""
@@ -294,16 +294,19 @@ class _Run:
         self._commit(path, sid, sha, stats, job.opts.time_unit or job.opts.file_unit)
         return sha, stats, job.next_id if used_ids else None
 
-    def _new_sha(self, path: str, fut: Future, begun: bool) -> str | None:
-        """The file's key (its content's sha256: :func:`file_keys`); None when it
-        cannot be hashed or is already in `sources` under any of its keys (counted,
-        and the file's transaction rolled back when ``begun``)."""
+    def _new_sha(self, path: str, fut: Future | ParsedFile, begun: bool) -> str | None:
+        """The file's key (its content's sha256: :func:`file_keys`, hashed here or
+        by the engine: a :class:`Digest`'s result); None when it cannot be hashed
+        or is already in `sources` under any of its keys (counted, and the file's
+        transaction rolled back when ``begun``)."""
         try:
-            keys = fut.result()
-        except OSError as e:
+            keys = fut.result() if isinstance(fut, Future) else fut.keys
+            if keys is None:
+                raise _Unhashable(fut.error)
+        except (OSError, _Unhashable) as e:
             if begun:
                 self._roll_back()
-            self._unreadable(path, e)
+            self._unreadable(path, e.args[0] if isinstance(e, _Unhashable) else e)
             return None
         sha = keys[0]
         if any(k in self.known for k in keys):
@@ -362,6 +365,9 @@ class _Run:
         if isinstance(unit, Range):
             self.ranged(unit, got)
             return
+        if isinstance(unit, Digest):  # (a cut file's keys, hashed in a worker: awaited at its last range)
+            self.split_keys[unit.path] = got
+            return
         path = unit if isinstance(unit, str) else unit.path
         self.summary.files += 1
         if got.status == "unopenable":
@@ -396,24 +402,28 @@ class _Run:
 
     def units(self, files: list[str], range_bytes: int):
         """The units an engine parses (``replay.readers.units``), planned a file at a
-        time as the engine asks for more. A file cut into ranges is hashed here;
-        when its path is already in `sources` its hash is awaited first, as the
-        single process does, and a known one is not parsed at all."""
+        time as the engine asks for more. A file cut into ranges is hashed by the
+        engine too (a :class:`Digest` before its ranges), except when its path is
+        already in `sources`: then it is hashed here and its hash awaited first,
+        as the single process does, and a known one is not parsed at all."""
         for path in files:
             cut = ranges(path, self.forced, range_bytes) if range_bytes > 0 else None
             if cut is None:
                 yield path
                 continue
+            if printable_path(path) not in self.known_paths:
+                yield Digest(path)
+                yield from cut
+                continue
             fut = self.hasher.submit(file_keys, path)
-            if printable_path(path) in self.known_paths:
-                try:
-                    keys = fut.result()
-                except OSError:
-                    yield path  # (parsed whole: its parse reports it)
-                    continue
-                if any(k in self.known for k in keys):
-                    yield Known(path, tuple(keys))
-                    continue
+            try:
+                keys = fut.result()
+            except OSError:
+                yield path  # (parsed whole: its parse reports it)
+                continue
+            if any(k in self.known for k in keys):
+                yield Known(path, tuple(keys))
+                continue
             self.split_keys[path] = fut
             yield from cut
 
@@ -526,6 +536,10 @@ class _Run:
         for bar in (self.lbar, self.fbar):
             if bar is not None:
                 bar.close()
+
+
+class _Unhashable(Exception):
+    """A :class:`Digest` that could not be hashed (its argument: the error, described)."""
 
 
 class _Split:

@@ -22,7 +22,7 @@ from replay.readers.files import ReadError, describe_error, file_keys
 from replay.readers.formats import Options
 from replay.readers.loader import FileIngest, FileStats
 from replay.readers.timeorder import TimeOrder
-from replay.readers.units import Known, Range
+from replay.readers.units import Digest, Known, Range
 from replay.readers.writer import SCHEMAS, Writer
 
 
@@ -44,7 +44,8 @@ class CollectingWriter(Writer):
 
 @dataclass
 class ParsedFile:
-    """A file as :func:`parse_file` read it. ``status``: ``ok``; ``known`` (already ingested: not parsed); ``unreadable``
+    """A file as :func:`parse_file` read it. ``status``: ``ok``; ``known`` (already ingested: not parsed);
+    ``digest`` (a :class:`Digest`: only its ``keys``); ``unreadable``
     (its bytes could not be read or decompressed: one reject for the file, like
     the single process's); ``unopenable`` (it could not even be hashed: no
     sources row, retried next time). ``keys``: its content keys
@@ -108,11 +109,22 @@ def parse_range(r: Range, forced: str | None, opts: Options, known: frozenset = 
                       ids=job.next_id, time_unit=job.opts.file_unit, lines_read=job.lines_read, order=job.order)
 
 
+def digest(path: str) -> ParsedFile:
+    """A file's keys alone (``digest``), or ``unopenable`` with the error the
+    driver's own hashing would report."""
+    try:
+        return ParsedFile("digest", tuple(file_keys(path)))
+    except OSError as e:
+        return ParsedFile("unopenable", error=describe_error(e))
+
+
 def parse_unit(unit, forced: str | None, opts: Options, known: frozenset = frozenset()) -> ParsedFile:
     """A unit of ``replay.readers.units`` parsed: a whole file (its path), a byte
-    range, or a file already known (nothing to parse)."""
+    range, a file's hash, or a file already known (nothing to parse)."""
     if isinstance(unit, Range):
         return parse_range(unit, forced, opts, known)
+    if isinstance(unit, Digest):
+        return digest(unit.path)
     if isinstance(unit, Known):
         return ParsedFile("known", unit.keys)
     return parse_file(unit, forced, opts, known)

@@ -16,7 +16,9 @@ Cuts fall just after a newline, so every line is in exactly one range; the
 driver numbers a range's lines after those of the ranges before it, its
 request ids after theirs, and keeps only the blobs no earlier range stored
 (see ``ingest._Run.ranged``): the file's rows, counts, time order and one
-``sources`` row are exactly the single process's.
+``sources`` row are exactly the single process's. The whole file's hash (its
+``sources`` key) is a unit of its own, a :class:`Digest` handed out before
+its ranges.
 """
 
 from __future__ import annotations
@@ -53,6 +55,16 @@ class Range:
 
     def __str__(self) -> str:
         return f"{self.path} (bytes {self.start:,}–{self.end:,})"
+
+
+@dataclass(frozen=True)
+class Digest:
+    """A file cut into ranges, to be hashed (its ``sources`` keys: ``files.file_keys``)
+    where the ranges are parsed, not by the driver: the driver only plans and merges."""
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.path} (its content's hash)"
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,16 @@ import shutil
 
 import pytest
 
+from replay.readers.ingest import ingest
 from replay.readers.parsed import parse_range
-from replay.readers.units import Range, line_cuts, ranges
+from replay.readers.units import Digest, Known, Range, line_cuts, ranges
+from replay.store import db
 from support.agent_logs import claude_transcript
 from support.agent_logs import write_jsonl as write_agent_jsonl
 from support.logs import anthropic_wrapped, mixed_logs, write_jsonl
-from support.ranges import BAD_LINES, InProcess, ingest_runs, messy_lines, write_lines
+from support.ranges import BAD_LINES, InProcess, full_dump, ingest_runs, messy_lines, write_lines
+
+_Engine = InProcess
 
 SIZES = [1, 2, 7, 40, 150, 600, 2500]
 
@@ -136,7 +140,69 @@ def test_the_same_content_under_a_new_path_adds_nothing(tmp_path):
     want, got, units = both(tmp_path, runs, 50)
     assert got == want
     assert got[0][1].loaded == 0 and got[0][1].skipped_files == 1
-    assert any(getattr(u, "path", None) == str(log) and not isinstance(u, Range) for u in units[len(units) // 2:])
+    assert any(isinstance(u, Known) and u.path == str(log) for u in units[len(units) // 2:])
+
+
+def test_a_cut_file_is_hashed_by_the_engine_not_by_the_driver(tmp_path, monkeypatch):
+    """A new file cut into ranges: its hash is a unit of its own, handed out just
+    before its ranges, and the driver reads none of it; only a path already in
+    `sources` is hashed by the driver (as the single process does: a known
+    content is then not parsed at all)."""
+    from replay.readers import ingest as ingest_module
+
+    hashed = []
+    keys = ingest_module.file_keys
+    monkeypatch.setattr(ingest_module, "file_keys", lambda p: hashed.append(p) or keys(p))
+    rng = random.Random(5)
+    log = write_lines(tmp_path / "a.jsonl", messy_lines(5, tmp_path), rng)
+    grown = tmp_path / "g.jsonl"
+    grown.write_bytes(log.read_bytes() + b"\n" + json.dumps(anthropic_wrapped(ts=7)).encode() + b"\n")
+    runs = [[str(log), str(grown)], [str(log)]]
+    want = ingest_runs(tmp_path / "one.duckdb", runs)
+    hashed.clear()
+    engine = InProcess()
+    assert ingest_runs(tmp_path / "units.duckdb", runs, engine=engine, range_bytes=40) == want
+    units = engine.items
+    first = units[:units.index(Known(str(log), tuple(keys(str(log)))))]
+    for path in (str(log), str(grown)):
+        mine = [u for u in first if getattr(u, "path", u) == path]
+        assert mine[0] == Digest(path) and len(mine) > 2 and all(isinstance(u, Range) for u in mine[1:])
+    assert hashed == [str(log)]  # (the second run: a path already in `sources`)
+
+
+def test_a_cut_file_that_cannot_be_hashed_is_one_reject_and_no_source(tmp_path):
+    """The file is gone when its hash unit runs: like a file the single process
+    cannot hash, one `unreadable_file` reject (the same text), no `sources` row,
+    nothing of its ranges kept; the next file is loaded as usual."""
+    from replay.readers.files import describe_error
+    from replay.readers.parsed import parse_unit
+
+    rng = random.Random(8)
+    gone = write_lines(tmp_path / "gone.jsonl", messy_lines(8, tmp_path), rng)
+    kept = write_lines(tmp_path / "kept.jsonl", messy_lines(9, tmp_path), rng)
+    content = gone.read_bytes()
+
+    def parse(unit, *args):
+        if isinstance(unit, Digest) and unit.path == str(gone) and gone.exists():
+            gone.unlink()
+        return parse_unit(unit, *args)
+
+    con = db.connect(str(tmp_path / "units.duckdb"))
+    engine = _Engine()
+    s = ingest(con, [str(gone), str(kept)], engine=engine, parse=parse, range_bytes=60)
+    dump = full_dump(con)
+    con.close()
+    try:
+        open(gone)
+    except OSError as e:
+        why = describe_error(e)
+    assert [r[1:] for r in dump["rejects"] if r[0] is None] == [(str(gone), None, "unreadable_file", why)]
+    assert [r[1] for r in dump["sources"]] == [str(kept)]
+    assert {r[1] for r in dump["requests"]} == {dump["sources"][0][0]} and s.loaded == len(dump["requests"])
+    gone.write_bytes(content)
+    want = ingest_runs(tmp_path / "one.duckdb", [[str(kept)]])
+    assert s.loaded == want[0][0].loaded and s.rejected == want[0][0].rejected + 1
+    assert any(isinstance(u, Digest) for u in engine.items)
 
 
 def test_a_forced_format_and_fields_are_read_in_every_range(tmp_path):
