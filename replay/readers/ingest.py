@@ -16,6 +16,7 @@ Beside it: `files` (paths, reading), `loader` (one file's units → rows),
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -490,23 +491,22 @@ class _Run:
         its line numbers after ``line0`` (a byte range's: after the ranges before it),
         and only the blobs no earlier file stored, handed to the writer."""
         if got.blobs is not None and got.blobs.num_rows and self.blobs is not None:
-            known = self.blobs.known
-            ids = got.blobs.column("blob_id").to_pylist()
-            new = np.fromiter((b not in known for b in ids), dtype=bool, count=len(ids))
-            blobs = got.blobs.filter(pa.array(new))
-            new_ids = blobs.column("blob_id").to_pylist()
-            known.update(new_ids)
-            self.blobs.file_flushed.extend(new_ids)  # (forgotten again if the file is rolled back)
+            blobs = got.blobs
+            keep, new_ids = self._new_blobs(blobs)
             blobs = blobs.set_column(3, "first_request", pc.add(blobs.column("first_request"), first))
-            self.writer.insert("blobs", blobs)
+            self.writer.insert("blobs", blobs, keep)
             if got.prepared is not None and self.prepared is not None:
-                stored = set(blobs.column("blob_id").to_pylist())
+                stored = set(new_ids)
                 parts = {b: v for b, v in got.prepared[0].items() if b in stored}
                 need = {int(s) for _, sids, _ in parts.values() for s in sids}
                 self.prepared(parts, {s: t for s, t in got.prepared[1].items() if s in need})
-            elif self.blobs.warm is not None:
-                self.blobs.warm([(b, k, t) for b, k, t in zip(*(blobs.column(c).to_pylist()
-                                                                for c in ("blob_id", "kind", "text"))) if k != "glue"])
+            elif self.blobs.warm is not None and new_ids:
+                # (the texts handed over as the UTF-8 bytes Arrow holds: never decoded to str here)
+                parts = zip(blobs.column("blob_id").to_pylist(), blobs.column("kind").to_pylist(),
+                            blobs.column("text").cast(pa.binary()).to_pylist())
+                if keep is not None:
+                    parts = itertools.compress(parts, keep.to_pylist())
+                self.blobs.warm([p for p in parts if p[1] != "glue"])
         for name, tbl in (("requests", got.requests), ("rejects", got.rejects)):
             if tbl is None or not tbl.num_rows:
                 continue
@@ -519,6 +519,22 @@ class _Run:
                 i = tbl.schema.get_field_index("line_no")
                 tbl = tbl.set_column(i, "line_no", pc.add(tbl.column(i), line0))
             self.writer.insert(name, tbl)
+
+    def _new_blobs(self, blobs: pa.Table) -> tuple[pa.Array | None, list[int]]:
+        """Which rows of ``blobs`` (a unit's: each id once) no earlier unit stored
+        (None: all of them), and their ids, now known (forgotten again if the file
+        is rolled back)."""
+        known = self.blobs.known
+        col = blobs.column("blob_id")
+        ids = col.to_pylist()
+        keep = None
+        old = known.intersection(ids)
+        if old:
+            new = ~np.isin(col.to_numpy(), np.fromiter(old, dtype=np.uint64, count=len(old)))
+            keep, ids = pa.array(new), list(itertools.compress(ids, new.tolist()))
+        known.update(ids)
+        self.blobs.file_flushed.extend(ids)
+        return keep, ids
 
     def wait_last_commit(self) -> None:
         try:

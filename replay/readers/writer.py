@@ -40,6 +40,7 @@ REJECT_SCHEMA = _schema("source_id:int64 path:string line_no:int64 reason:string
 
 
 SCHEMAS = {"requests": REQUEST_SCHEMA, "rejects": REJECT_SCHEMA, "blobs": BLOB_SCHEMA}
+_KEEP = "__replay_keep"  # (``Writer.insert``'s rows to insert)
 
 
 class Writer:
@@ -102,22 +103,29 @@ class Writer:
         if self.n_rej >= self.batch_rows:
             self._flush_rejects()
 
-    def insert(self, table: str, tbl: pa.Table) -> None:
-        """Insert a whole Arrow table (``requests``, ``rejects`` or ``blobs``) as one batch."""
+    def insert(self, table: str, tbl: pa.Table, keep: pa.Array | None = None) -> None:
+        """Insert a whole Arrow table (``requests``, ``rejects`` or ``blobs``) as one batch;
+        with ``keep`` (booleans, one a row), only its rows marked true: DuckDB skips
+        the others as it reads the batch, where filtering the table would copy it."""
         schema = SCHEMAS[table]
         if tbl.num_rows:
-            self._insert(table, tbl.select(schema.names).cast(schema), schema)
+            tbl = tbl.select(schema.names).cast(schema)
+            if keep is None:
+                self._insert(table, tbl, schema)
+            else:
+                self.deferred.submit(self._insert_now, table, tbl.append_column(_KEEP, keep), schema, True)
 
     def _insert(self, table: str, cols, schema: pa.Schema) -> None:
         # (the Arrow table is built here: from Python lists, that needs the interpreter lock)
         tbl = cols if isinstance(cols, pa.Table) else pa.Table.from_pydict(cols, schema=schema)
         self.deferred.submit(self._insert_now, table, tbl, schema)
 
-    def _insert_now(self, table: str, tbl: pa.Table, schema: pa.Schema) -> None:
+    def _insert_now(self, table: str, tbl: pa.Table, schema: pa.Schema, kept: bool = False) -> None:
         names = ", ".join(schema.names)
         self.con.register("__replay_ingest_batch", tbl)
         try:
-            self.con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM __replay_ingest_batch")
+            self.con.execute(f"INSERT INTO {table} ({names}) SELECT {names} FROM __replay_ingest_batch"
+                             + (f" WHERE {_KEEP}" if kept else ""))
         finally:
             self.con.unregister("__replay_ingest_batch")
 

@@ -131,14 +131,14 @@ class EncoderProcess:
         return _unpack(got.flat, got.lengths)
 
     def warm(self, parts: list[Part]) -> None:
-        """Hand over (blob id, kind, JSON text) body parts to prepare ahead; no answer.
+        """Hand over (blob id, kind, JSON text: str, or its UTF-8 bytes) body parts to prepare ahead; no answer.
         Past ``WARM_SEND_CHARS`` in all, parts are no longer sent: the helper could
         not keep them (``PREPARED_TOKENS``), and sending costs this process time."""
         size = sum(len(t) for _, _, t in parts)
         if self._warm_sent + size > WARM_SEND_CHARS:
             return
         self._warm_sent += size
-        self._send(Warm([(b, k, wire_text(t)) for b, k, t in parts]))
+        self._send(Warm([(b, k, t if isinstance(t, bytes) else wire_text(t)) for b, k, t in parts]))
 
     def warm_requests(self, blobs: list[Part], requests: list[tuple]) -> None:
         """Hand over requests (id, ts_us, format, part ids) to render ahead with

@@ -115,3 +115,36 @@ def test_parts_prepared_with_the_parse_give_the_same_tokens(tmp_path):
     assert rows["parsed"] == rows["local"]
     assert len(rows["local"][1]) > 50
     assert taken["local"] == 0 and taken["parsed"] > 20  # (the prepared parts were used)
+
+
+def test_parts_warmed_from_parsed_files_are_taken_with_the_same_rows(tmp_path):
+    """Files parsed elsewhere hand their new parts to the encoder process as UTF-8
+    bytes (never decoded here): the tokenize stage takes them, and its rows are
+    the single process's."""
+    d = mixed_logs(tmp_path / "logs")
+    rows, taken = {}, {}
+    for way, engine in (("local", None), ("parsed", _NoParts())):
+        con = api.open_db(str(tmp_path / f"{way}.duckdb"))
+        tok = api.load_tokenizer(None)
+        got = []
+        take = tok.take_blobs_flat
+        tok.take_blobs_flat = lambda ids: (lambda r: (got.append(len(r.ids)), r)[1])(take(ids))
+        try:
+            api.ingest(con, [str(d)], tokenizer=tok, engine=engine)
+            api.tokenize(con, tok)
+        finally:
+            tok.close()
+        taken[way] = sum(got)
+        rows[way] = [con.execute(q).fetchall() for q in (
+            "SELECT seg_id, n_tokens, tokens FROM segments ORDER BY seg_id",
+            "SELECT request_id, n_tokens, seg_ids, seg_parts, output_seg_ids FROM prompts ORDER BY request_id")]
+        con.close()
+    assert rows["parsed"] == rows["local"] and len(rows["local"][1]) > 50
+    assert taken["parsed"] > 20 and taken["local"] > 20
+
+
+class _NoParts(InProcess):
+    """An engine whose tasks only parse: the driver warms the encoder process."""
+
+    def prepares_parts(self) -> bool:
+        return False

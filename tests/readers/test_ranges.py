@@ -229,3 +229,31 @@ def test_gateway_exports_cut_into_ranges(tmp_path, seed):
     cut = {u.path.rsplit("/", 1)[-1] for u in units if isinstance(u, Range)}
     assert {"openai.jsonl", "otel.jsonl", "litellm.jsonl", "langfuse_pages.jsonl"} <= cut
     assert {r[3] for r in want[1]["sources"]} >= {"openai", "otel", "litellm", "langfuse"}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_parts_handed_to_the_encoder_are_the_single_process_s(tmp_path, seed):
+    """``warm`` (the encoder process's hint) is handed the same new body parts by
+    units as by the single process — ids, kinds and the texts' UTF-8 bytes, in the
+    same order, each once — however the conversations' shared messages fall in
+    ranges and files, with rejects beside them."""
+    rng = random.Random(seed)
+    d = tmp_path / "logs"
+    d.mkdir()
+    for k in range(2):  # (two files sharing conversations: the same parts in other partitions)
+        write_lines(d / f"m{k}.jsonl", messy_lines(seed, tmp_path), rng)
+    write_lines(d / "other.jsonl", messy_lines(seed + 1, tmp_path), rng)
+
+    def handed(engine, range_bytes):
+        got = []
+        con = db.connect(str(tmp_path / f"w{len(list(tmp_path.iterdir()))}.duckdb"))
+        ingest(con, [str(d)], engine=engine, range_bytes=range_bytes,
+               warm=lambda parts: got.extend((b, k, t if isinstance(t, bytes) else t.encode("utf-8", "surrogatepass"))
+                                             for b, k, t in parts))
+        con.close()
+        return got
+
+    want = handed(None, 0)
+    assert want and len({b for b, _, _ in want}) == len(want)
+    for rb in (1, 200, 5000):
+        assert handed(InProcess(), rb) == want, rb
