@@ -20,7 +20,6 @@ import itertools
 import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import duckdb
@@ -33,6 +32,7 @@ from replay.readers.files import ReadError, describe_error, expand_paths, file_k
 from replay.readers.formats import FORMATS, TIME_UNITS, Options, normalize_fields
 from replay.readers.loader import FileIngest, FileStats
 from replay.readers.parsed import ParsedFile, parse_range, parse_unit
+from replay.readers.summary import IngestSummary, add, add_counts, summary_text, unordered_text  # noqa: F401
 from replay.readers.timeorder import FLAGGED, TimeOrder
 from replay.readers.units import RANGE_BYTES, Digest, Known, Range, ranges
 from replay.readers.writer import Writer
@@ -45,54 +45,6 @@ __all__ = ["IngestSummary", "ingest", "summary_text", "unordered_text", "expand_
 # whole (requests.body). Off by default only until every reader of bodies reads
 # the `request_bodies` view (see docs/architecture.md); bench/ turns it on.
 DEFAULT_BODY_BLOBS = True
-
-
-@dataclass
-class IngestSummary:
-    files: int = 0  # files looked at (new + skipped + unreadable)
-    skipped_files: int = 0  # already ingested (same sha256)
-    lines: int = 0  # input units of the new files
-    loaded: int = 0
-    rejected: int = 0
-    context: int = 0  # lines of session files that are context, not requests
-    rejected_by_reason: dict[str, int] = field(default_factory=dict)
-    # new files whose loaded units are not in time order: (path, 'reversed' | 'shuffled')
-    # (replay.readers.timeorder; they are sorted on replay all the same)
-    unordered_files: list[tuple[str, str]] = field(default_factory=list)
-
-    def reconciles(self) -> bool:
-        """Every input unit of the new files was loaded, context or rejected."""
-        return (self.lines == self.loaded + self.context + self.rejected
-                and sum(self.rejected_by_reason.values()) == self.rejected)
-
-
-def summary_text(summary: IngestSummary) -> str:
-    s = summary
-    new = s.files - s.skipped_files
-    lines = [
-        f"files: {new} ingested, {s.skipped_files} skipped (already ingested)",
-        f"lines: {s.lines:,}  loaded: {s.loaded:,}  "
-        + (f"context: {s.context:,}  " if s.context else "") + f"rejected: {s.rejected:,}"
-        + ("" if s.reconciles() else "  (WARNING: counts do not reconcile)"),
-    ]
-    for reason, n in sorted(s.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0])):
-        lines.append(f"  {reason:<20} {n:,}")
-    if s.unordered_files:
-        lines.append(unordered_text(s.unordered_files))
-    return "\n".join(lines)
-
-
-SHOWN_FILES = 10  # unordered files named in the summary; the rest are counted
-
-
-def unordered_text(files: list[tuple[str, str]]) -> str:
-    """One line: how many files were reversed or shuffled, and which (their names, never their text)."""
-    counts = {o: sum(1 for _, x in files if x == o) for o in FLAGGED}
-    what = ", ".join(f"{n} {o}" for o, n in counts.items() if n)
-    names = ", ".join(f"{p} ({o})" for p, o in files[:SHOWN_FILES])
-    more = f" and {len(files) - SHOWN_FILES} more" if len(files) > SHOWN_FILES else ""
-    return (f"time order: {len(files)} file(s) not in time order ({what}; sorted by time all the same): "
-            f"{names}{more}")
 
 
 # ----------------------------------------------------------------- entry point
@@ -177,6 +129,8 @@ def ingest(
     return run.summary
 
 
+#: DuckDB's memory cap while ingest runs, when the database's is lower (bench/README.md)
+INGEST_MEMORY = 256 << 20
 #: below this much input, local worker processes cost more to start than they save
 MIN_PARALLEL_BYTES = 32 << 20
 
@@ -206,6 +160,9 @@ class _Run:
         self.con = con
         self.forced = forced
         self.opts = opts
+        # (a file's rows wait in its open transaction until it commits: past the cap,
+        # DuckDB writes them to a temporary file and reads them back)
+        self.memory = db.raise_memory(con, INGEST_MEMORY)
         self.known = {r[0] for r in con.execute("SELECT sha256 FROM sources").fetchall()}
         self.next_sid = con.execute("SELECT coalesce(max(source_id), 0) + 1 FROM sources").fetchone()[0]
         self.next_id = con.execute("SELECT coalesce(max(request_id), 0) + 1 FROM requests").fetchone()[0]
@@ -266,7 +223,7 @@ class _Run:
         """A file's load is queued for commit: count it."""
         self.known.add(sha)
         self.next_sid += 1
-        _add(self.summary, stats)
+        add(self.summary, stats)
         if stats.time_order in FLAGGED:
             self.summary.unordered_files.append((printable_path(path), stats.time_order))
         _tick(self.fbar)
@@ -343,7 +300,7 @@ class _Run:
         self.con.execute(_FORGET_UNREADABLE, [printable_path(path)])  # the reject of an earlier try: one per file, not per run
         self.writer.reject(None, path, None, "unreadable_file", e if isinstance(e, str) else describe_error(e))
         self.writer.flush()
-        _add(self.summary, FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
+        add(self.summary, FileStats(lines=1, rejected=1, by_reason={"unreadable_file": 1}))
         _tick(self.fbar)
 
     def _commit(self, path: str, sid: int, sha: str, stats: FileStats, time_unit: str | None) -> None:
@@ -548,6 +505,11 @@ class _Run:
         self.hasher.shutdown(wait=False, cancel_futures=True)
         if self.blobs is not None and self.blobs.warm is not None:
             self.blobs.send_warm()
+        if self.memory is not None:
+            try:
+                self.con.execute(f"SET memory_limit = '{self.memory}'")
+            except duckdb.Error:
+                pass  # (a database that failed: the error being raised is the one to see)
         self.con.close()
         for bar in (self.lbar, self.fbar):
             if bar is not None:
@@ -570,7 +532,7 @@ class _Split:
         self.error: str | None = None
 
     def add(self, got: ParsedFile) -> None:
-        _add_counts(self.stats, got.stats, self.stats.by_reason)
+        add_counts(self.stats, got.stats, self.stats.by_reason)
         self.next += got.ids
         self.lines += got.lines_read
         if got.order is not None:
@@ -584,18 +546,3 @@ _FORGET_UNREADABLE = "DELETE FROM rejects WHERE source_id IS NULL AND reason = '
 def _tick(bar: Any) -> None:
     if bar is not None:
         bar.update(1)
-
-
-def _add(summary: IngestSummary, stats: FileStats) -> None:
-    _add_counts(summary, stats, summary.rejected_by_reason)
-
-
-def _add_counts(total, stats: FileStats, reasons: dict) -> None:
-    """A file's (or a range's) counts added to ``total`` (a summary, or a cut file's
-    stats), its rejects by reason to ``reasons``."""
-    total.lines += stats.lines
-    total.loaded += stats.loaded
-    total.rejected += stats.rejected
-    total.context += stats.context
-    for k, v in stats.by_reason.items():
-        reasons[k] = reasons.get(k, 0) + v

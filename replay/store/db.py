@@ -71,6 +71,24 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
     return con
 
 
+_SIZE_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def raise_memory(con: duckdb.DuckDBPyConnection, at_least: int) -> str | None:
+    """Raises DuckDB's memory cap to ``at_least`` bytes when it is lower: the cap
+    it had (for ``SET memory_limit`` once the work is done), or None when it was
+    left as it is."""
+    was = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    number, _, unit = str(was).partition(" ")
+    try:
+        if float(number) * _SIZE_UNITS[unit] >= at_least:
+            return None
+    except (ValueError, KeyError):
+        return None
+    con.execute(f"SET memory_limit = '{at_least >> 10}KiB'")
+    return was
+
+
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM}
 _DISK_WORDS = ("No space left on device", "Read-only file system", "Disk quota exceeded", "Input/output error",
                "Permission denied")

@@ -847,3 +847,27 @@ def test_a_whole_document_over_the_size_cap_is_one_reject_and_json_lines_still_s
            con.execute("SELECT path, lines, loaded, rejected FROM sources").fetchall()}
     assert got == {"big.json": (1, 0, 1), "lines.json": (6, 6, 0), "t.traj.json": (1, 0, 1), "small.json": (1, 1, 0)}
     assert all(SECRET not in d for _, _, d in rejects_with_path(con))
+
+
+@pytest.mark.parametrize("cap, during", [("128MB", "256.0 MiB"), ("1GB", "953.6 MiB")])
+def test_ingest_raises_a_low_memory_cap_while_it_runs_and_sets_it_back(tmp_path, monkeypatch, cap, during):
+    """A file's rows wait in its open transaction until it commits: below
+    ``INGEST_MEMORY`` DuckDB would spill them, so ingest raises the cap while it
+    runs (never lowers one), and sets it back after, even when it fails."""
+    from replay.readers import ingest as ingest_module
+
+    path = write_jsonl(tmp_path / "a.jsonl", [anthropic_wrapped(ts=1_700_000_000 + i) for i in range(3)])
+    c = db.connect(str(tmp_path / "db.duckdb"))
+    c.execute(f"SET memory_limit = '{cap}'")
+    before = c.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    seen = []
+    commit = ingest_module._Run._commit
+    monkeypatch.setattr(ingest_module._Run, "_commit", lambda self, *a: (
+        seen.append(c.cursor().execute("SELECT current_setting('memory_limit')").fetchone()[0]), commit(self, *a)))
+    assert ingest(c, [str(path)]).loaded == 3
+    assert seen == [during] and c.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
+    monkeypatch.setattr(ingest_module._Run, "_commit", lambda self, *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        ingest(c, [str(tmp_path / "a.jsonl"), str(write_jsonl(tmp_path / "b.jsonl", [anthropic_wrapped(ts=5)]))])
+    assert c.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
+    c.close()
