@@ -129,7 +129,7 @@ def ingest(
     return run.summary
 
 
-#: DuckDB's memory cap while ingest runs, when the database's is lower (bench/README.md)
+#: DuckDB's memory cap while ingest runs, when the database's is lower (``_Run``; bench/README.md)
 INGEST_MEMORY = 256 << 20
 #: below this much input, local worker processes cost more to start than they save
 MIN_PARALLEL_BYTES = 32 << 20
@@ -160,9 +160,15 @@ class _Run:
         self.con = con
         self.forced = forced
         self.opts = opts
-        # (a file's rows wait in its open transaction until it commits: past the cap,
-        # DuckDB writes them to a temporary file and reads them back)
-        self.memory = db.raise_memory(con, INGEST_MEMORY)
+        # DuckDB's settings while ingest runs, set back after (``close``): a file's rows
+        # wait in its open transaction until it commits, and past the memory cap DuckDB
+        # writes them to a temporary file and reads them back; with an engine, the
+        # cores are its workers', and DuckDB's own threads only add to the driver's CPU
+        self.settings: dict[str, str] = {}
+        if (was := db.raise_memory(con, INGEST_MEMORY)) is not None:
+            self.settings["memory_limit"] = was
+        if not hash_here:
+            self.settings["threads"] = db.setting(con, "threads", 1)
         self.known = {r[0] for r in con.execute("SELECT sha256 FROM sources").fetchall()}
         self.next_sid = con.execute("SELECT coalesce(max(source_id), 0) + 1 FROM sources").fetchone()[0]
         self.next_id = con.execute("SELECT coalesce(max(request_id), 0) + 1 FROM requests").fetchone()[0]
@@ -505,9 +511,9 @@ class _Run:
         self.hasher.shutdown(wait=False, cancel_futures=True)
         if self.blobs is not None and self.blobs.warm is not None:
             self.blobs.send_warm()
-        if self.memory is not None:
+        for name, was in self.settings.items():
             try:
-                self.con.execute(f"SET memory_limit = '{self.memory}'")
+                db.setting(self.con, name, was)
             except duckdb.Error:
                 pass  # (a database that failed: the error being raised is the one to see)
         self.con.close()

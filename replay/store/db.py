@@ -74,9 +74,17 @@ def connect(path: str | Path | None = DEFAULT_DB) -> duckdb.DuckDBPyConnection:
 _SIZE_UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
+def setting(con: duckdb.DuckDBPyConnection, name: str, value) -> str:
+    """Sets DuckDB's ``name`` (for the whole database) to ``value``: the value it had,
+    as DuckDB shows it (to set back once the work is done)."""
+    was = con.execute(f"SELECT current_setting('{name}')").fetchone()[0]
+    con.execute(f"SET {name} = '{value}'")
+    return str(was)
+
+
 def raise_memory(con: duckdb.DuckDBPyConnection, at_least: int) -> str | None:
     """Raises DuckDB's memory cap to ``at_least`` bytes when it is lower: the cap
-    it had (for ``SET memory_limit`` once the work is done), or None when it was
+    it had (for :func:`setting` once the work is done), or None when it was
     left as it is."""
     was = con.execute("SELECT current_setting('memory_limit')").fetchone()[0]
     number, _, unit = str(was).partition(" ")
@@ -85,8 +93,7 @@ def raise_memory(con: duckdb.DuckDBPyConnection, at_least: int) -> str | None:
             return None
     except (ValueError, KeyError):
         return None
-    con.execute(f"SET memory_limit = '{at_least >> 10}KiB'")
-    return was
+    return setting(con, "memory_limit", f"{at_least >> 10}KiB")
 
 
 _DISK_ERRNOS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCES, errno.EPERM}

@@ -850,24 +850,31 @@ def test_a_whole_document_over_the_size_cap_is_one_reject_and_json_lines_still_s
 
 
 @pytest.mark.parametrize("cap, during", [("128MB", "256.0 MiB"), ("1GB", "953.6 MiB")])
-def test_ingest_raises_a_low_memory_cap_while_it_runs_and_sets_it_back(tmp_path, monkeypatch, cap, during):
+@pytest.mark.parametrize("by_units", [False, True])
+def test_ingest_sets_duckdb_for_its_work_and_sets_it_back(tmp_path, monkeypatch, cap, during, by_units):
     """A file's rows wait in its open transaction until it commits: below
     ``INGEST_MEMORY`` DuckDB would spill them, so ingest raises the cap while it
-    runs (never lowers one), and sets it back after, even when it fails."""
+    runs (never lowers one); with an engine, DuckDB works on one thread (the
+    cores are the workers'). Both set back after, even when ingest fails."""
     from replay.readers import ingest as ingest_module
+    from support.ranges import InProcess
 
     path = write_jsonl(tmp_path / "a.jsonl", [anthropic_wrapped(ts=1_700_000_000 + i) for i in range(3)])
     c = db.connect(str(tmp_path / "db.duckdb"))
     c.execute(f"SET memory_limit = '{cap}'")
-    before = c.execute("SELECT current_setting('memory_limit')").fetchone()[0]
+    c.execute("SET threads = 2")
+    now = "SELECT current_setting('memory_limit'), current_setting('threads')"
+    before = c.execute(now).fetchone()
     seen = []
     commit = ingest_module._Run._commit
-    monkeypatch.setattr(ingest_module._Run, "_commit", lambda self, *a: (
-        seen.append(c.cursor().execute("SELECT current_setting('memory_limit')").fetchone()[0]), commit(self, *a)))
-    assert ingest(c, [str(path)]).loaded == 3
-    assert seen == [during] and c.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
+    monkeypatch.setattr(ingest_module._Run, "_commit",
+                        lambda self, *a: (seen.append(c.cursor().execute(now).fetchone()), commit(self, *a)))
+    engine = InProcess() if by_units else None
+    assert ingest(c, [str(path)], engine=engine).loaded == 3
+    assert seen == [(during, 1 if by_units else 2)] and c.execute(now).fetchone() == before
     monkeypatch.setattr(ingest_module._Run, "_commit", lambda self, *a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        ingest(c, [str(tmp_path / "a.jsonl"), str(write_jsonl(tmp_path / "b.jsonl", [anthropic_wrapped(ts=5)]))])
-    assert c.execute("SELECT current_setting('memory_limit')").fetchone()[0] == before
+        ingest(c, [str(tmp_path / "a.jsonl"), str(write_jsonl(tmp_path / "b.jsonl", [anthropic_wrapped(ts=5)]))],
+               engine=engine)
+    assert c.execute(now).fetchone() == before
     c.close()
