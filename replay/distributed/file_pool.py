@@ -7,7 +7,9 @@ DuckDB's and the tokenizer's threads, so forking it is unsafe; a fresh
 interpreter (``python -c``, the driver's ``sys.path``) imports only this module
 and, through the pickled function, what parsing needs — not ``__main__``, and
 no resource-tracker process beside it. Items and results travel as pickles
-over the worker's stdin and stdout.
+over the worker's stdin and stdout; a result's large buffers (a parsed unit's
+Arrow columns) out of band, each read off the pipe into a buffer of its own
+that the unpickled result uses as it is (no copy of its columns here).
 
 * **Lazy**: no process starts before the first item, and only as many as the
   items in flight need (at most ``workers``); ``ingest`` does not even call the
@@ -91,7 +93,7 @@ class FilePool:
                 if task.result is _EOF:
                     raise self.failed(f"{name} of {label(task.item)} failed: its worker process died "
                                       f"({task.worker.how_it_ended()}). {self.then}")
-                ok, payload = pickle.loads(task.result)
+                ok, payload = pickle.loads(task.result[0], buffers=task.result[1])
                 if not ok:
                     raise self.failed(f"{name} of {label(task.item)} raised in a worker process: "
                                       f"{payload.strip().splitlines()[-1][:300]}. {self.then}\n" + payload)
@@ -135,7 +137,8 @@ class FilePool:
 
 
 class _Task:
-    """An item in flight: its result (pickled; ``_EOF`` if its worker died) once ``done``."""
+    """An item in flight: its result (pickled, and its out-of-band buffers; ``_EOF``
+    if its worker died) once ``done``."""
 
     __slots__ = ("item", "result", "done", "worker")
 
@@ -173,9 +176,8 @@ class _Worker:
         out = self.proc.stdout
         while True:
             try:
-                head = _read_exactly(out, _LEN.size)
-                body = _read_exactly(out, _LEN.unpack(head)[0]) if head is not None else None
-            except (OSError, ValueError):
+                body = _read_result(out)
+            except (OSError, ValueError, struct.error):
                 body = None
             with self.pool._lock:
                 task, self.task = self.task, None
@@ -232,7 +234,29 @@ class _Worker:
             pass
 
 
-def _read_exactly(fh, n: int) -> bytes | None:
+def _read_result(fh) -> tuple[bytes, list] | None:
+    """A result as :func:`_pickled` made it: (pickle, buffers), None at the end."""
+    head = _read_exactly(fh, _LEN.size)
+    if head is None:
+        return None
+    n = _LEN.unpack(head)[0]
+    sizes = _read_exactly(fh, _LEN.size * (n + 1))
+    if sizes is None:
+        return None
+    parts = [_read_exactly(fh, k, whole=True) for k in struct.unpack(f"<{n + 1}Q", sizes)]
+    return None if any(p is None for p in parts) else (parts[0], parts[1:])
+
+
+def _pickled(obj) -> list:
+    """What :func:`_read_result` reads: ``obj`` pickled with its buffers out of band —
+    their count, the pickle's and their sizes, the pickle, then each buffer as it is."""
+    bufs: list = []
+    data = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
+    raws = [b.raw() for b in bufs]
+    return [struct.pack(f"<{len(raws) + 2}Q", len(raws), len(data), *(r.nbytes for r in raws)), data, *raws]
+
+
+def _read_exactly(fh, n: int, whole: bool = False) -> bytes | None:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
@@ -241,7 +265,8 @@ def _read_exactly(fh, n: int) -> bytes | None:
         if not k:
             return None
         got += k
-    return bytes(buf) if n < (1 << 20) else buf  # (pickle reads a bytearray as well; no copy of a large one)
+    # (pickle reads a bytearray as well; no copy of a large one, nor of a buffer a result uses)
+    return bytes(buf) if n < (1 << 20) and not whole else buf
 
 
 # ------------------------------------------------------------------ the worker
@@ -267,13 +292,12 @@ def _worker_main() -> None:
             fn, args = pickle.loads(body)
             continue
         try:
-            item = pickle.loads(body)
-            data = pickle.dumps((True, fn(item, *args)), protocol=pickle.HIGHEST_PROTOCOL)
+            parts = _pickled((True, fn(pickle.loads(body), *args)))
         except Exception:  # noqa: BLE001 - sent to the driver, which stops the map
-            data = pickle.dumps((False, traceback.format_exc()), protocol=pickle.HIGHEST_PROTOCOL)
+            parts = _pickled((False, traceback.format_exc()))
         try:
-            out.write(_LEN.pack(len(data)))
-            out.write(data)
+            for part in parts:
+                out.write(part)
             out.flush()
         except BrokenPipeError:
             return

@@ -60,6 +60,19 @@ def test_at_most_one_item_more_than_the_workers_is_in_flight(pool):
     assert max(ahead) == pool.workers and len(drawn) == 30
 
 
+def test_results_with_large_buffers_cross_whole_and_an_unpicklable_one_stops_the_map(pool):
+    """A result's buffers (Arrow columns, bytes) travel out of band: what arrives is
+    what the worker computed; one that cannot be pickled is an error naming its item."""
+    from support.ranges import arrow_result, unpicklable_result
+
+    sizes = [0, 1, 5000, 300_000]
+    for n, got in pool.map_ordered(arrow_result, sizes):
+        want = arrow_result(n)
+        assert got[0].equals(want[0]) and got[1].equals(want[1]) and got[2] == want[2] and got[3].equals(want[3])
+    with pytest.raises(DistributedIngestFailed, match=r"unpicklable_result of 7 raised in a worker process.*pickle"):
+        list(pool.map_ordered(unpicklable_result, [7]))
+
+
 def test_the_sample_on_two_workers_is_the_single_process(tmp_path, pool):
     want = ingest_runs(tmp_path / "one.duckdb", [[str(SAMPLE)], [str(SAMPLE)]])
     got = ingest_runs(tmp_path / "two.duckdb", [[str(SAMPLE)], [str(SAMPLE)]], engine=pool, range_bytes=64 << 10)

@@ -113,3 +113,19 @@ def dying_render(items, name):
     """``blob_cache.render_items``, except that in a worker process (``python -c``) it dies."""
     assert sys.argv[:1] == ["-c"], "meant for a worker process, not this one"
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arrow_result(n: int):
+    """A result with large buffers, as a parsed unit's: Arrow tables (one sliced, one
+    empty) and bytes — what a pool's worker sends out of band."""
+    import pyarrow as pa
+
+    t = pa.table({"s": ["x" * (i % 50) + "é" for i in range(n)], "i": list(range(n))})
+    return t, t.slice(n // 3), bytes(range(256)) * n, pa.table({"e": pa.array([], pa.string())})
+
+
+def unpicklable_result(n: int):
+    """A result that cannot be pickled (a lock)."""
+    import threading
+
+    return threading.Lock()
