@@ -95,7 +95,7 @@ def parse_range(r: Range, forced: str | None, opts: Options, known: frozenset = 
     ``start_unit`` (None: the file's first number decides, as at its start).
     ``time_unit`` is the unit the range ended with (None if it read no number),
     for the driver to check against the ranges before it; ``keys`` is None (the
-    driver hashes the whole file)."""
+    whole file is hashed apart: ``units.Digest``)."""
     writer = CollectingWriter(Blobs(set()) if opts.split_body else None)
     job = FileIngest(writer, r.path, 0, 0, forced, opts, None)
     job.opts.file_unit = start_unit
