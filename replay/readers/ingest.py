@@ -162,9 +162,12 @@ class _Run:
         self.opts = opts
         # DuckDB's settings while ingest runs, set back after (``close``): a file's rows
         # wait in its open transaction until it commits, and past the memory cap DuckDB
-        # writes them to a temporary file and reads them back; with an engine, the
-        # cores are its workers', and DuckDB's own threads only add to the driver's CPU
-        self.settings: dict[str, str] = {}
+        # writes them to a temporary file and reads them back; each large file's commit
+        # checkpoints, and the checkpoint's vacuum would merge its new row groups with
+        # the earlier files' — rewriting (recompressing) them at every file: half of
+        # DuckDB's CPU on the week, for tables only ingest writes (bench/README.md); with
+        # an engine, the cores are its workers', and DuckDB's threads only add CPU here
+        self.settings: dict[str, str] = {"max_vacuum_tasks": db.setting(con, "max_vacuum_tasks", 0)}
         if (was := db.raise_memory(con, INGEST_MEMORY)) is not None:
             self.settings["memory_limit"] = was
         if not hash_here:

@@ -854,8 +854,9 @@ def test_a_whole_document_over_the_size_cap_is_one_reject_and_json_lines_still_s
 def test_ingest_sets_duckdb_for_its_work_and_sets_it_back(tmp_path, monkeypatch, cap, during, by_units):
     """A file's rows wait in its open transaction until it commits: below
     ``INGEST_MEMORY`` DuckDB would spill them, so ingest raises the cap while it
-    runs (never lowers one); with an engine, DuckDB works on one thread (the
-    cores are the workers'). Both set back after, even when ingest fails."""
+    runs (never lowers one); no checkpoint vacuums (it would rewrite the earlier
+    files' row groups at every file); with an engine, DuckDB works on one thread
+    (the cores are the workers'). All set back after, even when ingest fails."""
     from replay.readers import ingest as ingest_module
     from support.ranges import InProcess
 
@@ -863,7 +864,7 @@ def test_ingest_sets_duckdb_for_its_work_and_sets_it_back(tmp_path, monkeypatch,
     c = db.connect(str(tmp_path / "db.duckdb"))
     c.execute(f"SET memory_limit = '{cap}'")
     c.execute("SET threads = 2")
-    now = "SELECT current_setting('memory_limit'), current_setting('threads')"
+    now = "SELECT current_setting('memory_limit'), current_setting('threads'), current_setting('max_vacuum_tasks')"
     before = c.execute(now).fetchone()
     seen = []
     commit = ingest_module._Run._commit
@@ -871,7 +872,8 @@ def test_ingest_sets_duckdb_for_its_work_and_sets_it_back(tmp_path, monkeypatch,
                         lambda self, *a: (seen.append(c.cursor().execute(now).fetchone()), commit(self, *a)))
     engine = InProcess() if by_units else None
     assert ingest(c, [str(path)], engine=engine).loaded == 3
-    assert seen == [(during, 1 if by_units else 2)] and c.execute(now).fetchone() == before
+    assert seen == [(during, 1 if by_units else 2, 0)] and c.execute(now).fetchone() == before
+    assert before[2] == 100  # (DuckDB's own: set back)
     monkeypatch.setattr(ingest_module._Run, "_commit", lambda self, *a: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         ingest(c, [str(tmp_path / "a.jsonl"), str(write_jsonl(tmp_path / "b.jsonl", [anthropic_wrapped(ts=5)]))],
