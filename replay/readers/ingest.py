@@ -167,7 +167,11 @@ class _Run:
         # the earlier files' — rewriting (recompressing) them at every file: half of
         # DuckDB's CPU on the week, for tables only ingest writes (bench/README.md); with
         # an engine, the cores are its workers', and DuckDB's threads only add CPU here
-        self.settings: dict[str, str] = {"max_vacuum_tasks": db.setting(con, "max_vacuum_tasks", 0)}
+        self.settings: dict[str, str] = {}
+        try:
+            self.settings["max_vacuum_tasks"] = db.setting(con, "max_vacuum_tasks", 0)
+        except duckdb.Error:
+            pass  # (a DuckDB without the setting vacuums, as before)
         if (was := db.raise_memory(con, INGEST_MEMORY)) is not None:
             self.settings["memory_limit"] = was
         if not hash_here:
