@@ -1,14 +1,12 @@
 """Helper processes: how the package starts one, and the encoder process's messages.
 
-A helper is ``python -m replay.<module>`` with this package on its path (so a
+A helper is ``python -m replay.<module>`` with this package on its path (a
 source checkout works as well as an install). The encoder process
-(``replay.text.encoder``) and its parent exchange the messages below:
-msgspec structs, tagged by their class name, msgpack-encoded, one per
-``multiprocessing.connection`` message over a socket pair. The parent sends an
-:data:`Ask`; the child answers those marked "→", in order, after a
-:class:`Ready` or :class:`Failed` once first. A child reads until its end of
-the connection closes, then exits: a parent that dies takes its helpers with
-it.
+(``replay.text.encoder``) and its parent exchange the messages below (msgspec
+structs tagged by class name, msgpack, one per ``multiprocessing.connection``
+message over a socket pair): the parent sends an :data:`Ask`; the child answers
+those marked "→", in order, after a :class:`Ready` or :class:`Failed` once
+first, and exits when its end closes (a parent that dies takes it along).
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """The encoder process: an :class:`Engine` in a helper process, working beside ingest.
 
-Building a ``tokenizers.Tokenizer`` holds the interpreter lock for a while; in
-a child process (``python -P -m replay.text.encoder``, this copy of the
-package whatever the working directory) it costs the caller nothing, and
-``warm()`` hands it body parts the ingest stage has just stored (blob id, kind,
-JSON text), which it renders and encodes on the other core while ingest goes
-on (:class:`Prepared`): the tokenize stage then takes each part's segment ids
-and the new segments' tokens from it instead of rendering and encoding them
-itself. Rendering is ``replay.text.render.render_part`` and the ids
-``replay.text.segids`` in both processes, so the rows are the same either way.
+In a child process (``python -P -m replay.text.encoder``, this copy of the
+package) loading the tokenizers costs the caller nothing, and ``warm()`` hands
+it the body parts ingest has just stored (blob id, kind, JSON text), which it
+renders and encodes on the other core while ingest goes on (:class:`Prepared`):
+the tokenize stage takes each part's segment ids and new tokens from it. Both
+processes render with ``render.render_part`` and ``segids``: the same rows.
 With a chat template it is whole requests instead (``warm_requests``,
-``replay.text.template_ahead``), rendered while ingest runs, which the tokenize
-stage takes a chunk at a time.
+``replay.text.template_ahead``), rendered while ingest runs and taken by the
+tokenize stage a chunk at a time.
 
 The two processes exchange the typed messages of ``replay.text.child`` (the
 parent sends an ``Ask``; the child answers those marked "→" in order, after a
@@ -42,9 +39,8 @@ from replay.text.engine import Engine, _has_fastokens, start_fastokens
 from replay.text.render import render_part
 from replay.text.tokenizer_json import load_reference, prepare_tokenizer
 
-# Tokens of body parts prepared ahead, waiting for the tokenize stage (which only
-# starts when ingest ends); past it, the tokenize stage renders and encodes the
-# rest itself. Large enough for a week of the bench's agent traffic.
+# Tokens of body parts prepared ahead, waiting for the tokenize stage (past it, the
+# stage renders and encodes the rest itself): enough for a week of the bench's traffic.
 PREPARED_TOKENS = 128_000_000
 WARM_BACKLOG_CHARS = 64_000_000    # body parts waiting to be warmed; more are dropped (they are only hints)
 STASH_CHARS = 64_000_000  # text of parts rendered while fastokens is built; more waits for the build
@@ -72,9 +68,8 @@ class EncoderProcess:
         self._warm_sent = 0
         self._ahead_sent = 0
         self._closed = False
-        # Messages go out through one sender thread, in order: a write blocks while
-        # the child cannot read (while it loads), and ingest handing over parts
-        # must not wait for that.
+        # Messages go out through one sender thread, in order: a write blocks while the
+        # child cannot read (while it loads), which ingest handing over parts must not wait for.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._gone = False
         self._sender = threading.Thread(target=self._send_loop, daemon=True, name="replay-encoder-sender")
@@ -382,9 +377,8 @@ def _give_back_memory() -> None:
     import ctypes
 
     try:
-        # the symbols this process already has (libc among them), not
-        # ctypes.util.find_library: that runs `ldconfig -p` in a forked child,
-        # which for a moment shows this whole process's memory as its own
+        # this process's own symbols (libc's among them), not ctypes.util.find_library: its
+        # `ldconfig -p` in a forked child shows for a moment this whole process's memory as its own
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
@@ -497,9 +491,8 @@ def _serve(fd: int, path: str, backend: str, add_markers: bool = True) -> None:
     """The child: the protocol on the connection ``fd``; anything printed goes to stderr."""
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    # Warming runs beside the parent's ingest: one encoder thread and a lower
-    # priority keep the parent's core its own; an ask the parent waits for
-    # gets both cores (tokenizers reads TOKENIZERS_PARALLELISM on every call).
+    # Beside the parent's ingest one encoder thread and a lower priority leave it its
+    # core; an ask the parent waits for gets both (TOKENIZERS_PARALLELISM, read per call).
     try:
         os.nice(5)
     except OSError:  # pragma: no cover
@@ -526,9 +519,8 @@ def _serve(fd: int, path: str, backend: str, add_markers: bool = True) -> None:
             try:
                 msg = wire.recv()
             except (EOFError, OSError):
-                # The parent closed its end, or died: nobody will read another
-                # answer, so leave now rather than after the work in hand (a
-                # helper must not outlive its command).
+                # The parent closed its end, or died: nobody will read another answer,
+                # so leave now, not after the work in hand (a helper must not outlive its command).
                 sys.stderr.flush()
                 os._exit(0)
             with cond:

@@ -1,25 +1,14 @@
 """Text → token ids, exactly what ``tokenizers`` gives, for less work.
 
 The reference is Hugging Face ``tokenizers`` (``replay.text.tokenizer_json``).
-:class:`Engine` encodes with it until **fastokens** (when installed; a Rust
-BPE encoder for the same tokenizer.json, tens of times faster than the
-reference but about a second to build) is built, then with fastokens. The
-build runs in a background thread (it releases the interpreter lock), from the
-tokenizer.json with the markers the reference was given added
-(:func:`start_fastokens`). It starts once ``FASTOKENS_FROM_CHARS`` of text were
-encoded or ingest starts handing parts over (``expect_work``; the encoder
-process starts it before loading the reference when parts are already
-waiting), and once ``FASTOKENS_WAIT_CHARS`` were the engine waits for it
-rather than encode more with the reference (with backend ``fastokens``: built
-at once, always waited for). A handful of texts never pays for the build.
-
-Every batch fastokens encodes is checked (:func:`sample`): one text in
-``VERIFY_EVERY``, chosen by a hash of its end (so neither the first of a batch,
-often a long system prompt, nor any position is favoured), and the batch's
-shortest text when the hash picks none, is encoded by the reference and
-compared; a difference turns fastokens off for good (a warning on stderr) and
-the batch is encoded again by the reference. Which shortcuts are kept, and why:
-``docs/tokenization.md``.
+:class:`Engine` encodes with it until **fastokens** (a Rust BPE for the same
+tokenizer.json, tens of times faster, about a second to build in a thread of
+its own: :func:`start_fastokens`) is built, then with fastokens. The build
+starts once ``FASTOKENS_FROM_CHARS`` were encoded or ingest hands parts over
+(``expect_work``); past ``FASTOKENS_WAIT_CHARS`` the engine waits for it (backend
+``fastokens``: always). Every batch fastokens encodes is checked on a sample
+(:func:`_sample`) against the reference; a difference turns fastokens off for
+good. The details, and which shortcuts are kept and why: ``docs/tokenization.md``.
 """
 
 from __future__ import annotations
@@ -44,16 +33,13 @@ FASTOKENS_WAIT_CHARS = 256_000      # ... before the engine waits for it (the re
 
 
 class Engine:
-    """Encodes texts exactly as the reference ``tokenizers.Tokenizer`` does (module docstring).
+    """Encodes texts exactly as the reference does (module docstring).
 
-    ``tokenizer``: the reference, markers already added (``prepare_tokenizer``).
-    ``source``: the tokenizer.json the reference was loaded from, or None to
-    build fastokens from the reference's JSON; ``add_markers``: the reference
-    was given the neutral markers (``prepare_tokenizer``). ``backend``:
-    ``auto`` (fastokens once built), ``tokenizers`` (the reference alone) or
-    ``fastokens`` (waited for on every batch). ``fast``: fastokens' build,
-    started already (:func:`start_fastokens`).
-    """
+    ``tokenizer``: the reference, markers added (``prepare_tokenizer``, with
+    the neutral markers when ``add_markers``); ``source``: its tokenizer.json
+    (None: fastokens from the reference's JSON); ``backend``: ``auto``,
+    ``tokenizers`` or ``fastokens`` (module docstring); ``fast``: fastokens'
+    build, started already (:func:`start_fastokens`)."""
 
     def __init__(self, tokenizer, source: str | Path | None = None, backend: str = "auto",
                  add_markers: bool = True, fast: Future | None = None):

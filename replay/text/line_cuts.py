@@ -1,9 +1,10 @@
 """Where a long text between added tokens is cut into line chunks.
 
-With the known pre-tokenizer (``replay.text.render_template``'s docstring) a
-long run of text between two added tokens is also cut after a line break
-followed by spaces/tabs and a character no definition counts as whitespace,
-at content-defined places: a hash of the 24 characters before a candidate picks
+With the known pre-tokenizer (DeepSeek-V3/V4's, ``tokenizer_json.KNOWN_PRE_TOKENIZER``,
+no normalizer, no added token holding a line break) a long run of text between
+two added tokens is also cut after a line break followed by spaces/tabs and a
+character no definition counts as whitespace (the pre-tokenizer's matches never
+reach across that point), at content-defined places: a hash of the 24 characters before a candidate picks
 one in eight, and a chunk is cut once :data:`LINE_CHUNK_MAX` long whatever its
 content. So the cuts are a function of the text alone, and a changed line costs
 its chunk, not the run.

@@ -35,16 +35,11 @@ with no added token to cut at, encodes each request's whole text as one
 segment (slower, still exact). A template that puts no added token between
 messages gives one piece per request the same way.
 
-A template may write long texts with no added token inside (DeepSeek-V3.1's
-writes the system prompt and every tool definition in one run): with the
-known pre-tokenizer (DeepSeek-V3/V4's, ``tokenizer_json.KNOWN_PRE_TOKENIZER``,
-no normalizer, no added token holding a line break) such a text is also cut
-after a line break followed by spaces/tabs and a character no definition
-counts as whitespace — the pre-tokenizer's matches never reach across that
-point — at content-defined places (a hash of the 24 characters before the cut
-picks one line end in eight), so a changed line costs its chunk, not the run. The tokenize stage checks
-the argument on one request of every chunk (``tokenize.check_cuts``) and stops
-with a clear error if a tokenizer breaks it; ``REPLAY_TEMPLATE_WHOLE_TEXT=1``
+A long text with no added token inside (DeepSeek-V3.1 writes the system prompt
+and every tool definition in one run) is also cut at line starts the known
+pre-tokenizer never joins across (``replay.text.line_cuts``). The tokenize stage
+checks the cuts on one request of every chunk (``tokenize.check_cuts``) and stops
+with a clear error if a tokenizer breaks them; ``REPLAY_TEMPLATE_WHOLE_TEXT=1``
 turns the cutting off.
 
 Parts
@@ -52,15 +47,13 @@ Parts
 Each piece belongs to the part (``prompts.seg_parts``: ``0`` before any
 message, ``1`` a top-level system, ``2 + k`` logged message ``k``) of the
 message the template was reading when it wrote the piece's first character:
-the messages handed to the template note each read of one of their fields, and
-the rendered text is collected chunk by chunk as the template writes it. (The
-tools block a template writes inside its system message belongs to that
-message; the generation prompt to the last message.) When the template read
-more than one message since it wrote the last chunk (a scan: DeepSeek-V3.1's
-reads every message to gather the system prompt before writing it; or a look
-at the next message), the chunk belongs to the message whose ``content``,
-``tool_calls`` or ``reasoning_content`` it read last in that window, else to
-the first message it read there — not merely to the last message read. A
+the messages note each read of a field, and the text is collected chunk by
+chunk as the template writes it (a tools block written inside the system
+message is that message's; the generation prompt the last message's). When
+the template read several messages since the last chunk (DeepSeek-V3.1 scans
+them all for the system prompt; a template may look at the next message),
+the chunk is the message's whose ``content``, ``tool_calls`` or
+``reasoning_content`` it read last there, else the first one read there. A
 chunk written with no read since the last one belongs to the same message.
 
 Replies (``render_output``) are the neutral rendering's texts without its markers
@@ -224,9 +217,10 @@ def compile_template(source: str):
     except ImportError as exc:  # pragma: no cover - transformers is a dependency
         raise TemplateError(f"--chat-template needs transformers ({exc})") from None
     env = base.overlay()
-    quick = _plain_lookup(base)
+    env.globals = dict(base.globals)
+    quick = _plain_lookup(base, template_env.uses_copy())
     if quick is not None:  # (``Written.json`` is then out of the templates' sight)
-        env.getattr = quick
+        env.getattr, env.globals["namespace"] = quick
         env.filters = dict(base.filters)
         tojson = base.filters["tojson"]
 
@@ -244,15 +238,15 @@ def compile_template(source: str):
         raise TemplateError(f"the chat template does not compile: {type(exc).__name__}: {exc}") from None
 
 
-def _plain_lookup(env):
-    """``env.getattr`` (jinja's sandbox: ``SandboxedEnvironment.getattr``, the
-    lookup of ``x.name`` in a template), with two cases first that give what it
-    gives: a plain dict (or tracked message, or ``Written``: its ``_json`` is not
-    the templates') has no attribute but its type's, so
-    for any other name ``d.name`` is ``d["name"]``, else undefined; a namespace's
-    value under a name without an underscore is returned when it is a plain
-    value (the sandbox's checks pass every such value). Anything else goes to
-    ``env.getattr``; None for an environment whose lookup is not the sandbox's own."""
+def _plain_lookup(env, copied: bool):
+    """``(getattr, namespace)``: ``env.getattr`` (the sandbox's lookup of
+    ``x.name``) with two cases first that give what it gives: a plain dict (or
+    tracked message, or ``Written``: its ``_json`` is not the templates') has
+    no attribute but its type's, so ``d.name`` is ``d["name"]`` for any other
+    name, else undefined; a namespace's plain value under a name without an
+    underscore is returned (the sandbox's checks pass it). The namespace is
+    :func:`_namespace`'s for ``template_env``'s copy (``copied``). None for an
+    environment whose lookup is not the sandbox's own."""
     from jinja2.sandbox import SandboxedEnvironment
 
     sandbox = env.getattr
@@ -260,6 +254,9 @@ def _plain_lookup(env):
         return None
     undefined = env.undefined
     namespace = env.globals.get("namespace")
+    values = None
+    if copied and namespace is not None:
+        namespace, values = _namespace(namespace)
     own = {dict: frozenset(dir(dict)), _Tracked: frozenset(dir(_Tracked)), Written: frozenset(dir(dict))}
     plain = (str, int, bool, float, type(None), list, dict, tuple)
 
@@ -273,14 +270,49 @@ def _plain_lookup(env):
                     return undefined(obj=obj, name=attribute)
         elif type(obj) is namespace and attribute[:1] != "_":
             try:
-                value = getattr(obj, attribute)
-            except AttributeError:
+                value = values(obj)[attribute] if values is not None else getattr(obj, attribute)
+            except (KeyError, AttributeError):
                 return undefined(obj=obj, name=attribute)
             if type(value) in plain:
                 return value
         return sandbox(obj, attribute)
 
-    return getattr_
+    return getattr_, namespace
+
+
+def _namespace(copied):
+    """``(class, values of an instance)``: transformers' namespace (``copied``)
+    keeping its values in a slot (one call a store or read, not four): the same
+    values, repr, refusal of underscore names, and no attribute but them."""
+    check, slot = copied._check_name, None
+
+    class TemplateNamespace(copied):
+        __slots__ = ("_values",)
+
+        def __init__(*args, **kwargs):  # (jinja's signature: ``namespace(self=...)`` works)
+            self, attrs = args[0], dict(*args[1:], **kwargs)
+            for name in attrs:
+                check(name)
+            slot.__set__(self, attrs)
+
+        def __getattribute__(self, name):
+            if name == "__class__":
+                return object.__getattribute__(self, name)
+            try:
+                return slot.__get__(self)[name]
+            except KeyError:
+                raise AttributeError(name) from None
+
+        def __setitem__(self, name, value):
+            if isinstance(name, str) and name.startswith("_"):
+                check(name)
+            slot.__get__(self)[name] = value
+
+        def __repr__(self):
+            return f"<Namespace {slot.__get__(self)!r}>"
+
+    slot = TemplateNamespace.__dict__["_values"]
+    return TemplateNamespace, slot.__get__
 
 
 def template_now(ts_us: int | None) -> dict:

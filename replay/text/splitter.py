@@ -86,15 +86,11 @@ class Splitter:
 
     def _matches(self, text: str) -> list[tuple[int, int]]:
         """The added tokens' matches (``(start, end)``, in order) in ``text`` as
-        ``tokenizers`` finds them: the tokens that are not ``normalized`` first
-        (leftmost longest), then the normalized ones in the text left between
-        those.
-
-        First each trie's matches over the whole text on its own (one scan in
-        C each): when no two of all those overlap, no scan ever had to skip a
-        match for another's sake, so together they are exactly the answer (the
-        scan of a stretch between matches meets no match crossing its ends).
-        Otherwise the scans are made in order, as described."""
+        ``tokenizers`` finds them: those not ``normalized`` first (leftmost
+        longest), then the normalized ones in the text left between. Each trie
+        scans the whole text first (in C): when no two of all those matches
+        overlap, no scan had to skip one for another's sake, so they are the
+        answer; otherwise the scans are made in order, as described."""
         spans = [m.span() for rx in self._tries for m in rx.finditer(text)]
         spans.sort()
         if all(b[0] >= a[1] for a, b in zip(spans, spans[1:])):

@@ -1,16 +1,13 @@
 """A chat template's requests rendered ahead, in the encoder process, while ingest runs.
 
-The neutral rendering's encoder process prepares body *parts* while ingest runs
-(``replay.text.encoder.Prepared``); a chat template reads a body whole, so
-here it is whole *requests*: ingest hands over each request it writes (its id,
-time, format and body part ids) with the parts no earlier request brought
-(``replay.readers.writer.Writer``), and :class:`RequestsAhead` renders them
-with the same template, splitter and content ids as the tokenize stage
-(``replay.text.render_template``) and encodes their new texts. On reaching a
-chunk the stage takes, in one ask, what was rendered of its rows (checked
-against what it reads: ``tokenize._taken_ahead``); from then on the chunk is
-the stage's (skipped here). A request that cannot be rendered or assembled
-here is simply not offered (the stage renders it, or sets it aside).
+A template reads a body whole, so here it is whole requests (the neutral
+rendering prepares parts: ``encoder.Prepared``): ingest hands over each request
+it writes (id, time, format, part ids) with the parts no earlier one brought
+(``readers.writer.Writer``); :class:`RequestsAhead` renders them with the
+stage's template, splitter and content ids and encodes their new texts. The
+stage takes what was rendered of a chunk's rows in one ask (``tokenize._taken_ahead``):
+the chunk is the stage's from then on (skipped here). A request that cannot be
+rendered or assembled here is not offered.
 """
 
 from __future__ import annotations

@@ -24,17 +24,12 @@ class Part(dict):
 
 class TemplateBodies:
     """Bodies stored as parts, assembled as parsed objects for a chat template:
-    each part parsed once (its blob id), so the same tool definitions and
-    messages are parsed once however many requests repeat them. The
-    text between parts (glue: the keys, and every other top-level value) is
-    parsed with ``0`` in the parts' places, once per distinct skeleton.
-
-    Parsed parts are held in two generations of at most :data:`MAX_CHARS` of
-    text each: once the young one is full it becomes the old one, and a part
-    the old one holds moves back when a body uses it — so the parts of the
-    conversations going on stay (an agent resends its earlier messages every
-    turn), which the encoder process, with no database to read them from
-    again, depends on."""
+    each part parsed once (by blob id) however many requests repeat it; the
+    glue between parts (keys, other top-level values) parsed with ``0`` in the
+    parts' places, once per distinct skeleton. Parsed parts are held in two
+    generations of at most :data:`MAX_CHARS` of text: a full young one becomes
+    the old one, whose parts move back when a body uses them — so the parts of
+    conversations going on stay (the encoder process cannot read them again)."""
 
     MAX_CHARS = 64_000_000  # text of the parts held parsed in one generation
 

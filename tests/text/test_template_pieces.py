@@ -110,6 +110,17 @@ SUBSCRIPTS = [
      "{{ ns.c is defined }}", {}),
     ("{% set ns = namespace() %}{% set ns._x = 1 %}{{ ns._x }}", {}),
     ("{% set ns = namespace(d={'k': 2}) %}{{ ns.d.k }}{{ ns.d | tojson }}", {}),
+    # the namespace the environment makes (``render_template._namespace``): what transformers' does
+    ("{% set ns = namespace(self=1, a=[2]) %}{{ ns.self }}{{ ns.a }}{{ ns }}|{{ namespace() }}", {}),
+    ("{% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns.b }}{{ ns.__class__ is defined }}"
+     "{{ ns._values is defined }}{{ ns._Namespace__attrs is defined }}{{ ns.items is defined }}"
+     "{{ ns['a'] is defined }}{{ ns.a is defined }}{{ ns.c is defined }}", {}),
+    ("{% set ns = namespace(_a=1) %}{{ ns }}", {}),
+    ("{% set ns = namespace(a=1) %}{{ ns | length }}", {}),
+    ("{% set ns = namespace(a=1) %}{{ ns | tojson }}", {}),
+    ("{% set ns = namespace(a=1) %}{% for x in ns %}{{ x }}{% endfor %}", {}),
+    ("{% set ns = namespace(a=1) %}{% set ns.a = ns.a ~ 'x' %}{% set ns.b = ns %}{{ ns.a }}{{ ns.b.a }}"
+     "{{ ns is mapping }}{{ ns == ns.b }}", {}),
     ("{{ d | tojson }}{{ l | tojson(indent=2) }}{{ 5 | tojson }}{{ 'é' | tojson }}", {"d": {"b": 1, "a": [1]}, "l": [1]}),
 ]
 
