@@ -11,7 +11,6 @@ re-running a job neither repeats work nor double-counts.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from contextlib import nullcontext as _nullcontext
@@ -106,7 +105,11 @@ def ingest(con, paths, format=None, fields=None, time_unit=None, progress=False,
 
 
 def _ingest_on(eng, workers, con, paths, format, fields, time_unit, progress, tokenizer):
-    with _local_pool(eng, workers) as pool:
+    from replay.distributed.file_pool import local_pool
+
+    # (this machine's workers when they are asked for and no other engine parses;
+    # they start only once there is work worth them)
+    with local_pool(None if eng is not None else workers) as pool:
         eng = eng if pool is None else pool
         parse, prepared = _parse_unit, None
         if (eng is not None and tokenizer is not None and tokenizer.render == "neutral"
@@ -122,23 +125,6 @@ def _ingest_on(eng, workers, con, paths, format, fields, time_unit, progress, to
                        warm_requests=tokenizer.warm_requests if tokenizer is not None
                        and tokenizer.render == TEMPLATE else None,
                        prepared=prepared, workers=workers if pool is not None else None)
-
-
-@contextlib.contextmanager
-def _local_pool(engine, workers):
-    """A pool of ``workers`` local processes when they are asked for and no other
-    engine parses (it starts them only once there is work worth them), closed
-    after, however left."""
-    if engine is not None or workers is None or int(workers) <= 1:
-        yield None
-        return
-    from replay.distributed.file_pool import FilePool
-
-    pool = FilePool(int(workers))
-    try:
-        yield pool
-    finally:
-        pool.close()
 
 
 def tokenize(con, tokenizer=None, progress=False):

@@ -11,9 +11,8 @@ stale or short (the readers refuse them too).
 
 from __future__ import annotations
 
-import contextlib
-
 from replay import distributed
+from replay.distributed.file_pool import local_pool
 from replay.core.replay import replay_stage
 from replay.core.streams import MODES, VARIANTS, check_modes
 from replay.times import INF_US
@@ -27,6 +26,8 @@ from replay.text.tokenize import tokenize_needed, tokenize_stage
 # than they save.
 TOKENIZE_WORKERS_FROM = 20_000
 REPLAY_WORKERS_FROM = 20_000
+#: what a rendering worker's failure leaves (``local_pool``'s ``then``)
+RENDER_THEN = "Nothing of that chunk was stored: the next command redoes it, or run without --workers"
 
 
 def as_tokenizer(tokenizer) -> Tok:
@@ -80,7 +81,7 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
             # costs CPU there and saves nothing; DeepSeek's encoding renders here)
             workers = eng.workers if local and tok.render not in ("neutral", "template") and not (
                 when_worth and db.untokenized(con) < TOKENIZE_WORKERS_FROM) else None
-            with render_pool(workers) as pool:
+            with local_pool(workers, failed=distributed.WorkerFailed, then=RENDER_THEN) as pool:
                 done["tokenize"] = tokenize_stage(con, tok, progress=progress, pool=pool)
             failpoint("prepare.tokenized")
         todo = walksets.stale(con, keys, horizon_us)
@@ -92,24 +93,6 @@ def prepare(con, modes=MODES, variants=("prompt",), horizon_us: int = INF_US,
             done["replay"] = _replay(con, todo, horizon_us, progress, eng)
             failpoint("prepare.replayed")
     return done
-
-
-@contextlib.contextmanager
-def render_pool(workers: int | None):
-    """``workers`` local processes sharing the tokenize stage's rendering (None for
-    one or none; started on the first chunk that has rendering to share), closed
-    after, however left."""
-    if not workers or workers < 2:
-        yield None
-        return
-    from replay.distributed.file_pool import FilePool
-
-    pool = FilePool(workers, failed=distributed.WorkerFailed,
-                    then="Nothing of that chunk was stored: the next command redoes it, or run without --workers")
-    try:
-        yield pool
-    finally:
-        pool.close()
 
 
 def _replay(con, keys, horizon_us: int, progress: bool, engine=None):

@@ -29,6 +29,7 @@ that the unpickled result uses as it is (no copy of its columns here).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import pickle
 import signal
@@ -48,6 +49,20 @@ _LEN = struct.Struct("<Q")
 _WORKER = ("import sys; sys.path[:0] = {paths!r}; "
            "from replay.distributed.file_pool import _worker_main; _worker_main()")
 _EOF = object()
+
+
+@contextlib.contextmanager
+def local_pool(workers: int | None, **options):
+    """A :class:`FilePool` of ``workers`` processes (``options``: its failure
+    wording), or None for fewer than two; closed after, however left."""
+    if workers is None or int(workers) < 2:
+        yield None
+        return
+    pool = FilePool(int(workers), **options)
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 class FilePool:

@@ -8,8 +8,8 @@ import pytest
 
 from replay import api
 from replay.distributed import WorkerFailed
-from replay.distributed.file_pool import FilePool
-from replay.prepare import render_pool
+from replay.distributed.file_pool import FilePool, local_pool
+from replay.prepare import RENDER_THEN
 from replay.text import blob_cache, tokenize
 from replay.text.tok import load_tokenizer
 from support.logs import mixed_logs, planted_logs
@@ -34,6 +34,11 @@ def _prepared(logs, tmp_path, tok, name: str):
 
 def _tables(con) -> dict:
     return {t: con.execute(f"SELECT {c} FROM {t} ORDER BY ALL").fetchall() for t, c in TABLES.items()}
+
+
+def render_pool(workers: int):
+    """The pool ``prepare`` gives the stage (``local_pool`` with the rendering's wording)."""
+    return local_pool(workers, failed=WorkerFailed, then=RENDER_THEN)
 
 
 def _procs(pool: FilePool) -> list:
